@@ -1,0 +1,59 @@
+"""One root exception; subclasses also inherit the matching builtin."""
+
+from __future__ import annotations
+
+
+class TenonError(Exception):
+    """Root of every error Tenon raises on purpose."""
+
+
+class ConfigError(TenonError, ValueError):
+    """A configuration value is unknown, out of bounds or inconsistent."""
+
+
+class HostError(TenonError, OSError):
+    """The host (cgroups, /proc) refused or lacks something Tenon needs."""
+
+
+class CgroupUnavailable(HostError):
+    """A cgroup controller or file Tenon needs is missing on this host."""
+
+
+class SandboxError(TenonError, RuntimeError):
+    """A sandbox could not be created, used or destroyed."""
+
+
+class BackendUnavailable(SandboxError):
+    """The backend's prerequisites (bubblewrap, Docker Engine, base image) are missing."""
+
+
+class ImageNotFound(BackendUnavailable, FileNotFoundError):
+    """The named base image does not exist for this backend."""
+
+
+class SandboxDied(SandboxError):
+    """The sandbox's init exited while Tenon still needed it."""
+
+
+class CommandTimeout(SandboxError, TimeoutError):
+    """An action ran past its timeout; its whole process tree was killed."""
+
+
+class SandboxFrozen(SandboxError):
+    """An exec was attempted on a sandbox the gate holds frozen."""
+
+
+class WorkspaceError(TenonError, OSError):
+    """A workspace path is invalid, or its content does not match its manifest."""
+
+
+class RecoveryError(TenonError, RuntimeError):
+    """A recovery record is missing or inconsistent; the agent stays blocked."""
+
+
+class TraceError(TenonError, ValueError):
+    """A trace file is malformed; the message names file, line and field."""
+
+
+class ModelError(TenonError, ValueError):
+    """A saved predictor model is unusable (wrong feature version, corrupt)."""

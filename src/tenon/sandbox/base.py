@@ -1,0 +1,89 @@
+"""The sandbox contract every backend implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What to materialize: a base image plus a workspace, inside the domain."""
+
+    sandbox_id: str  # stable, filesystem-safe; names the cgroup / container
+    image: str  # base image name, e.g. "tenon-base:bookworm"
+    workspace: Path  # host directory bind-mounted read-write at /workspace
+    network: bool = False  # no network unless asked
+    max_pids: int = 512
+    tmp_size_bytes: int = 1024 * 1024 * 1024  # tmpfs /tmp size cap (charged to the sandbox)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished action: exit code, bounded output, how long it took."""
+
+    exit_code: int  # negative: killed by that signal number
+    output: str  # stdout and stderr interleaved, truncated to max_output_bytes
+    truncated: bool
+    duration_s: float
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A live process inside a sandbox, as seen from the host."""
+
+    host_pid: int
+    ppid: int
+    command: str
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """A live physical sandbox."""
+
+    @property
+    def spec(self) -> SandboxSpec: ...
+
+    @property
+    def cgroup_name(self) -> str:
+        """The sandbox's cgroup, relative to the workload domain."""
+        ...
+
+    async def exec(
+        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+    ) -> ExecResult:
+        """Run `command` under /bin/sh -c as a fresh process in /workspace.
+
+        On timeout the action's whole process tree is killed and the result has
+        timed_out=True. Never called while the gate holds the sandbox frozen.
+        """
+        ...
+
+    def processes(self) -> list[ProcessInfo]:
+        """Processes alive in the sandbox other than the backend's own init."""
+        ...
+
+    def changed_paths_outside_workspace(self) -> list[str] | None:
+        """Paths written outside /workspace and /tmp; None when it cannot be known."""
+        ...
+
+    async def destroy(self) -> None:
+        """Dematerialize: kill everything, release memory, remove the cgroup. Idempotent."""
+        ...
+
+
+class SandboxBackend(Protocol):
+    """Materializes sandboxes of one kind."""
+
+    name: str
+
+    def check(self) -> list[str]:
+        """Problems that prevent materializing (empty when ready), each with its fix."""
+        ...
+
+    async def materialize(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox; return only when an exec would succeed."""
+        ...
