@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets everything up, then runs the main job on the embedded (process) backend.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/tenon doctor
+exec .venv/bin/tenon demo --backend process --budget 512MiB "$@"

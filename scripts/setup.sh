@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sets up everything Tenon needs on a fresh Debian machine (run as root):
+# Debian packages, a virtualenv with pinned dependencies, a running dockerd,
+# and the base image (rootfs for the process backend + Docker image).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: must run as root (cgroups, namespaces and dockerd need it)" >&2
+  exit 1
+fi
+
+# Debian packages: install only what is missing, so a warm machine starts fast.
+pkgs=(bubblewrap mmdebstrap docker.io util-linux iproute2 procps ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python 3.11 virtualenv with the pinned dependencies.
+py=python3.11
+command -v "$py" >/dev/null 2>&1 || py=python3
+if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  echo "setup: Tenon needs Python 3.11, found $("$py" --version)" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.tenon-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  log "installing Python dependencies (pinned in pyproject.toml)"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  touch "$stamp"
+fi
+
+# dockerd: start one when none answers; it keeps running after setup.
+if ! timeout 10 docker info >/dev/null 2>&1; then
+  log "starting dockerd (log: /var/log/tenon-dockerd.log)"
+  nohup dockerd >/var/log/tenon-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do
+    timeout 5 docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  timeout 10 docker info >/dev/null 2>&1 || { echo "setup: dockerd did not come up; see /var/log/tenon-dockerd.log" >&2; exit 1; }
+fi
+
+# Base image: built locally from Debian packages, never pulled.
+log "ensuring the base image"
+.venv/bin/tenon image build

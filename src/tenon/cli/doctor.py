@@ -1,0 +1,84 @@
+"""`tenon doctor`: what this host supports, what is missing, and the fix."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _cgroup_checks() -> list[Check]:
+    from tenon.host.layout import detect_layout
+    from tenon.host.types import CgroupVersion
+
+    try:
+        layout = detect_layout()
+    except Exception as exc:  # doctor reports, it never crashes
+        return [Check("cgroups", False, str(exc), "mount cgroup v2 or the v1 memory controller")]
+    checks = [Check("cgroup layout", True, layout.version.value)]
+    wanted = ("memory", "freezer", "pids", "cpu") if layout.version is CgroupVersion.V1 else (
+        "memory", "pids", "cpu")
+    have = set(layout.controllers)
+    for controller in wanted:
+        ok = controller in have
+        checks.append(Check(f"controller {controller}", ok, "present" if ok else "missing",
+                            "" if ok else f"enable the {controller} cgroup controller"))
+    if layout.version is CgroupVersion.V2:
+        checks.append(Check("freezer", True, "cgroup.freeze (v2)"))
+    for problem in layout.missing:
+        checks.append(Check("cgroups", False, problem))
+    return checks
+
+
+def _psi_check() -> Check:
+    from tenon.host.psi import read_pressure
+
+    reading = read_pressure()
+    if reading is None:
+        return Check("PSI", False, "/proc/pressure/memory absent", "boot with psi=1")
+    return Check("PSI", True, f"memory some avg10={reading.some_avg10:.2f}%")
+
+
+def _docker_checks(image: str) -> list[Check]:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        version = client.version().get("Version", "?")
+    except Exception as exc:
+        return [Check("Docker Engine", False, f"not answering ({type(exc).__name__})",
+                      "bash scripts/setup.sh  (installs docker.io and starts dockerd)")]
+    checks = [Check("Docker Engine", True, f"version {version}")]
+    try:
+        client.images.get(image)
+        checks.append(Check(f"docker image {image}", True, "present"))
+    except Exception:
+        checks.append(Check(f"docker image {image}", False, "missing", "tenon image build"))
+    return checks
+
+
+def run_checks(state_dir: Path, image: str) -> list[Check]:
+    """Every check, in the order printed."""
+    from tenon.sandbox.image import image_rootfs
+
+    checks = _cgroup_checks()
+    checks.append(_psi_check())
+    bwrap = shutil.which("bwrap")
+    checks.append(Check("bubblewrap", bwrap is not None, bwrap or "missing",
+                        "" if bwrap else "apt-get install bubblewrap"))
+    try:
+        rootfs = image_rootfs(image, state_dir)
+        checks.append(Check(f"base rootfs {image}", True, str(rootfs)))
+    except Exception as exc:
+        checks.append(Check(f"base rootfs {image}", False, str(exc).splitlines()[0],
+                            "tenon image build"))
+    checks.extend(_docker_checks(image))
+    return checks
