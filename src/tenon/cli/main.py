@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -14,13 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tenon.errors import TenonError
-from tenon.units import parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 image_app = typer.Typer(no_args_is_help=True, help="Build and inspect the base image.")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
 app.add_typer(image_app, name="image")
-app.add_typer(bench_app, name="bench")
 
 console = Console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")
@@ -70,63 +64,3 @@ def image_build(
     except TenonError as exc:
         _fail(exc)
     console.print(f"base image {image}: {info}")
-
-
-@bench_app.command("lifecycle")
-def bench_lifecycle_cmd(
-    backend: Annotated[str, typer.Option(help="process or docker")] = "process",
-    runs: Annotated[int, typer.Option(help="Repetitions (median reported).")] = 10,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
-    image: Image = DEFAULT_IMAGE,
-) -> None:
-    """Materialize -> exec `true` -> dematerialize, against bare `docker run`/`rm`."""
-    from tenon.host.domain import WorkloadDomain
-    from tenon.replay.lifecycle import bench_lifecycle
-    from tenon.sandbox.registry import make_backend
-
-    try:
-        domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}", budget_bytes=None)
-    except TenonError as exc:
-        _fail(exc)
-    try:
-        impl = make_backend(backend, domain, state_dir)
-        problems = impl.check()
-        if problems:
-            _fail(TenonError("; ".join(problems)))
-        result = asyncio.run(bench_lifecycle(impl, image=image, num_runs=runs))
-        if backend == "docker":
-            import docker
-
-            from tenon.sandbox.docker import bare_docker_lifecycle
-
-            result.update(bare_docker_lifecycle(docker.from_env(), image, runs))
-            result["materialize_over_bare_run"] = round(
-                result["materialize_ms"] / result["bare_run_ms"], 3)
-    except TenonError as exc:
-        _fail(exc)
-    finally:
-        domain.remove()
-    console.print_json(json.dumps(result))
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
-
-
-@app.command()
-def demo(
-    backend: Annotated[str, typer.Option(help="process or docker")] = "process",
-    budget: Annotated[str, typer.Option(help="Workload domain memory budget.")] = "512MiB",
-    agents: Annotated[int, typer.Option(help="Logical agents.")] = 4,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
-    image: Image = DEFAULT_IMAGE,
-) -> None:
-    """Materialize agents under a budget, run actions, tear down, rebuild, verify."""
-    from tenon.replay.demo import run_demo
-
-    try:
-        budget_bytes = parse_size(budget, what="--budget")
-        asyncio.run(run_demo(backend=backend, budget_bytes=budget_bytes, num_agents=agents,
-                             state_dir=state_dir, image=image, console=console))
-    except TenonError as exc:
-        _fail(exc)
