@@ -1,0 +1,178 @@
+"""Water-level admission of actions against a logical window and physical headroom.
+
+Each admitted action holds a logical charge `(1-a)*avg + a*peak` with
+`a = clamp(admitted_total / window, 0, 1)`, fixed at admission and released
+exactly once at completion. Light and heavy actions queue separately but share
+the window. The oldest ready heavy action accrues protected credit at
+`heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
+credit, so once it covers the heavy action's charge, light admissions stop
+eating the room it needs and it is admitted as soon as running actions release.
+After the logical check, a charge must also fit the physical headroom H.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tenon.errors import TenonError
+from tenon.policy.config import PolicyConfig
+
+
+class ChargeNotHeld(TenonError, KeyError):
+    """A release named an action that holds no charge (never admitted, or released)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    avg_bytes: int
+    peak_bytes: int
+    heavy_risk: bool = False
+    """The predictor flags this action as possibly heavy regardless of its peak."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRequest:
+    action_id: str
+    workflow_id: str
+    prediction: Prediction
+    ready_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitDecision:
+    action_id: str
+    workflow_id: str
+    charge_bytes: int
+    heavy: bool
+    reason: str
+
+
+def water_level_charge(prediction: Prediction, admitted_total_bytes: int, window_bytes: int) -> int:
+    """`(1-a)*avg + a*peak` with `a = clamp(admitted/window, 0, 1)`."""
+    a = min(max(admitted_total_bytes / window_bytes, 0.0), 1.0) if window_bytes > 0 else 1.0
+    avg = max(prediction.avg_bytes, 0)
+    peak = max(prediction.peak_bytes, avg)
+    return int(round((1.0 - a) * avg + a * peak))
+
+
+def is_heavy(prediction: Prediction, config: PolicyConfig) -> bool:
+    return prediction.heavy_risk or prediction.peak_bytes > config.heavy_peak_bytes
+
+
+class AdmissionController:
+    """Queues ready actions and admits them; `decide` is deterministic given `now`."""
+
+    def __init__(self, config: PolicyConfig, window_bytes: int) -> None:
+        if window_bytes <= 0:
+            raise ValueError(f"window_bytes must be positive, got {window_bytes}")
+        self._config = config
+        self._window_bytes = window_bytes
+        self._light: list[ActionRequest] = []
+        self._heavy: list[ActionRequest] = []
+        self._charges: dict[str, int] = {}
+        self._admitted_total_bytes = 0
+        self._credit_since: dict[str, float] = {}
+
+    @property
+    def window_bytes(self) -> int:
+        return self._window_bytes
+
+    @property
+    def admitted_total_bytes(self) -> int:
+        return self._admitted_total_bytes
+
+    @property
+    def charges(self) -> Mapping[str, int]:
+        return self._charges
+
+    @property
+    def queued(self) -> tuple[ActionRequest, ...]:
+        return tuple(self._heavy) + tuple(self._light)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._heavy) + len(self._light)
+
+    def submit(self, req: ActionRequest) -> None:
+        if req.action_id in self._charges or any(
+            q.action_id == req.action_id for q in self.queued
+        ):
+            raise ValueError(f"action {req.action_id!r} is already queued or admitted")
+        queue = self._heavy if is_heavy(req.prediction, self._config) else self._light
+        queue.append(req)
+        # Stable FIFO by readiness; submission order breaks ties.
+        queue.sort(key=lambda r: r.ready_at)
+
+    def release(self, action_id: str) -> int:
+        """Release an admitted action's charge exactly once; returns the charge."""
+        charge = self._charges.pop(action_id, None)
+        if charge is None:
+            raise ChargeNotHeld(f"action {action_id!r} holds no charge (released twice?)")
+        self._admitted_total_bytes -= charge
+        return charge
+
+    def heavy_credit_bytes(self, now: float) -> float:
+        """Protected credit of the oldest ready heavy action (0 if there is none)."""
+        head = self._heavy_head(now)
+        if head is None:
+            return 0.0
+        since = self._credit_since.get(head.action_id, now)
+        return self._config.heavy_credit_rate_bytes_per_s * max(now - since, 0.0)
+
+    def _heavy_head(self, now: float) -> ActionRequest | None:
+        if self._heavy and self._heavy[0].ready_at <= now:
+            return self._heavy[0]
+        return None
+
+    def _fits(self, charge: int, reserved: float, physical_left: int) -> str | None:
+        """None if it fits; otherwise the reason it does not."""
+        if self._admitted_total_bytes + charge + reserved > self._window_bytes:
+            if self._admitted_total_bytes == 0 and reserved == 0 and charge <= physical_left:
+                return None  # alone it may exceed the window, or it could never run
+            return (
+                f"logical: {self._admitted_total_bytes} + {charge} + reserved "
+                f"{reserved:.0f} > window {self._window_bytes}"
+            )
+        if charge + reserved > physical_left:
+            return f"physical: {charge} + reserved {reserved:.0f} > headroom {physical_left}"
+        return None
+
+    def _admit(self, req: ActionRequest, charge: int, heavy: bool, why: str) -> AdmitDecision:
+        self._charges[req.action_id] = charge
+        self._admitted_total_bytes += charge
+        return AdmitDecision(req.action_id, req.workflow_id, charge, heavy, why)
+
+    def decide(self, now: float, headroom_bytes: int) -> list[AdmitDecision]:
+        """Admit what fits now; the rest stays queued. Never raises for "doesn't fit"."""
+        decisions: list[AdmitDecision] = []
+        physical_left = max(headroom_bytes, 0)
+        reserved = 0.0
+        head = self._heavy_head(now)
+        if head is not None:
+            self._credit_since.setdefault(head.action_id, now)
+            charge = water_level_charge(
+                head.prediction, self._admitted_total_bytes, self._window_bytes
+            )
+            if self._fits(charge, 0.0, physical_left) is None:
+                self._heavy.pop(0)
+                self._credit_since.pop(head.action_id, None)
+                decisions.append(self._admit(head, charge, True, "heavy head: fits"))
+                physical_left -= charge
+            else:
+                reserved = min(self.heavy_credit_bytes(now), float(charge))
+        remaining: list[ActionRequest] = []
+        for req in self._light:
+            if req.ready_at > now:
+                remaining.append(req)
+                continue
+            charge = water_level_charge(
+                req.prediction, self._admitted_total_bytes, self._window_bytes
+            )
+            if self._fits(charge, reserved, physical_left) is None:
+                decisions.append(self._admit(req, charge, False, "light: fits"))
+                physical_left -= charge
+            else:
+                remaining.append(req)
+        self._light = remaining
+        return decisions
