@@ -15,7 +15,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tenon.errors import BackendUnavailable, ImageNotFound
@@ -97,12 +97,11 @@ def build_image(name: str, *, state_dir: Path, force: bool = False) -> ImageInfo
     if not force and meta_path.exists():
         info = ImageInfo(**json.loads(meta_path.read_text()))
         image_rootfs(name, state_dir)
-        if info.docker_imported or not _docker_has(name):
-            tar_path = target / "rootfs.tar"
-            if not _docker_has(name) and tar_path.exists() and _docker_import(tar_path, name):
-                info = ImageInfo(**{**asdict(info), "docker_imported": True})
-                meta_path.write_text(json.dumps(asdict(info), indent=2))
-            return info
+        # The rootfs is there; re-import into Docker when the engine lost the image.
+        tar_path = target / "rootfs.tar"
+        if not _docker_has(name) and tar_path.exists() and _docker_import(tar_path, name):
+            info = replace(info, docker_imported=True)
+            meta_path.write_text(json.dumps(asdict(info), indent=2))
         return info
     if shutil.which("mmdebstrap") is None:
         raise BackendUnavailable("mmdebstrap is missing; run: apt-get install mmdebstrap")
