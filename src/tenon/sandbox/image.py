@@ -55,6 +55,13 @@ def image_rootfs(name: str, state_dir: Path) -> Path:
     return rootfs
 
 
+def _sanitize(rootfs: Path) -> None:
+    """mmdebstrap copies the build host's /etc/hostname; a sandbox must not learn it."""
+    hostname = rootfs / "etc" / "hostname"
+    if not hostname.exists() or hostname.read_text() != "sandbox\n":
+        hostname.write_text("sandbox\n")
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -90,15 +97,27 @@ def _docker_has(name: str) -> bool:
     return True
 
 
-def build_image(name: str, *, state_dir: Path, force: bool = False) -> ImageInfo:
-    """Build `name` (idempotent: skips what is already present unless `force`)."""
+def build_image(
+    name: str = "tenon-base:bookworm",
+    *,
+    state_dir: Path = Path("/var/lib/tenon"),
+    force: bool = False,
+    docker: bool | None = None,
+) -> ImageInfo:
+    """Build `name` (idempotent: skips what is already present unless `force`).
+
+    `docker`: True requires importing into a Docker Engine, False skips it, None (default)
+    imports when an engine answers.
+    """
     target = image_dir(name, state_dir)
     meta_path = target / "image.json"
     if not force and meta_path.exists():
         info = ImageInfo(**json.loads(meta_path.read_text()))
-        image_rootfs(name, state_dir)
+        _sanitize(image_rootfs(name, state_dir))
         # The rootfs is there; re-import into Docker when the engine lost the image.
         tar_path = target / "rootfs.tar"
+        if docker is False:
+            return info
         if not _docker_has(name) and tar_path.exists() and _docker_import(tar_path, name):
             info = replace(info, docker_imported=True)
             meta_path.write_text(json.dumps(asdict(info), indent=2))
@@ -123,13 +142,16 @@ def build_image(name: str, *, state_dir: Path, force: bool = False) -> ImageInfo
     rootfs = target / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
+    _sanitize(staging)
     staging.rename(rootfs)
     info = ImageInfo(
         name=name,
         rootfs=str(rootfs),
         tar_sha256=_sha256(tar_path),
         created_s=time.time(),
-        docker_imported=_docker_import(tar_path, name),
+        docker_imported=docker is not False and _docker_import(tar_path, name),
     )
+    if docker and not info.docker_imported:
+        raise BackendUnavailable(f"no Docker Engine answered to import {name}; start dockerd")
     meta_path.write_text(json.dumps(asdict(info), indent=2))
     return info

@@ -1,0 +1,242 @@
+"""Helpers for running actions: process trees read from /proc, bounded output capture."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tenon.errors import SandboxError
+
+logger = logging.getLogger(__name__)
+
+EXEC_ID_VAR = "TENON_EXEC_ID"
+_READ_CHUNK_BYTES = 65536
+# Puts itself into every cgroup.procs given (count first), then execs the rest of argv.
+# The process is inside the cgroup before it can start anything, so every descendant is too.
+ENTER_CGROUP_SH = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
+    'exec "$@"'
+)
+
+
+def enter_cgroup_argv(procs_files: Iterable[Path], argv: list[str]) -> list[str]:
+    files = [str(f) for f in procs_files]
+    return ["/bin/sh", "-c", ENTER_CGROUP_SH, "tenon-enter", str(len(files)), *files, *argv]
+
+
+def proc_stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, session id) of `pid`, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
+    return int(fields[1]), int(fields[3])
+
+
+def proc_command(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if not raw:  # zombie or kernel thread: fall back to comm
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            return "[" + Path(f"/proc/{pid}/comm").read_text().strip() + "]"
+        return None
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+
+def has_exec_id(pid: int, exec_id: str) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return f"{EXEC_ID_VAR}={exec_id}".encode() in environ.split(b"\0")
+
+
+def action_pids(root_pid: int, candidates: Iterable[int], exec_id: str) -> set[int]:
+    """The action's processes among `candidates`: `root_pid`, its descendants by ppid chain,
+    and any process carrying the action's exec id (daemons reparented to the sandbox init)."""
+    parents: dict[int, int] = {}
+    for pid in candidates:
+        if (stat := proc_stat(pid)) is not None:
+            parents[pid] = stat[0]
+    found = {root_pid} if root_pid in parents or proc_stat(root_pid) is not None else set()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    stack = [root_pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    found.update(pid for pid in parents if pid not in found and has_exec_id(pid, exec_id))
+    return found
+
+
+def kill_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+async def kill_action(
+    root_pid: int,
+    candidates: Callable[[], Iterable[int]],
+    exec_id: str,
+    *,
+    exclude: set[int],
+    timeout_s: float = 5.0,
+) -> None:
+    """SIGKILL the action's whole tree until none of it is left, not even a zombie.
+
+    `root_pid` (nsenter, outside the sandbox's pid namespace) goes last: it reaps the action's
+    shell. Killed first, it would hand that shell to the *host's* reaper, which may never reap
+    it. No SIGSTOP: nsenter stops itself when its child stops, and would then never reap it.
+    A fork loop cannot outrun the repeated kills for long: the pids limit bounds it.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    seen: set[int] = set()
+    while True:
+        pids = action_pids(root_pid, candidates(), exec_id) - exclude
+        inside = pids - {root_pid}
+        seen |= inside
+        # Orphans reparented to the sandbox's pid 1 leave the ppid chain, and as zombies lose
+        # their environ: wait for every pid ever seen to be reaped, not just the visible ones.
+        if not inside and not any(map(_exists, seen)):
+            break
+        kill_pids({p for p in inside if is_alive(p)}, signal.SIGKILL)
+        if loop.time() > deadline:
+            logger.warning("action %s: pids %s survived SIGKILL", exec_id, sorted(pids))
+            break
+        await asyncio.sleep(0.002)
+    kill_pids([root_pid], signal.SIGKILL)
+
+
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def is_alive(pid: int) -> bool:
+    """True unless gone or a zombie (a zombie's parent reaps it; killing it again is moot)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return text[text.rindex(")") + 2] not in "ZX"
+
+
+class OutputCapture:
+    """Drains a pipe's read end, keeping at most `max_bytes`; never stops reading, so the
+    writer never blocks on a full pipe."""
+
+    def __init__(self, read_fd: int, max_bytes: int) -> None:
+        self._fd = read_fd
+        self._max_bytes = max(max_bytes, 0)
+        self._buf = bytearray()
+        self.truncated = False
+        self._loop = asyncio.get_running_loop()
+        self._eof: asyncio.Future[None] = self._loop.create_future()
+        os.set_blocking(read_fd, False)
+        self._loop.add_reader(read_fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        self._read_once()
+
+    def _read_once(self) -> bool:
+        """Read one chunk; False when nothing was ready (or the pipe hit EOF and is closed)."""
+        try:
+            data = os.read(self._fd, _READ_CHUNK_BYTES)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._release()
+            return False
+        room = self._max_bytes - len(self._buf)
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            self._buf += data[:room]
+        return True
+
+    async def wait_eof(self, timeout_s: float) -> bool:
+        """Wait for every writer to close; False when some (a background process) still holds it."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._eof), timeout_s)
+        return self._eof.done()
+
+    def close(self) -> None:
+        """Stop reading, after taking what is already buffered in the pipe."""
+        for _ in range(256):
+            if self._fd < 0 or not self._read_once():
+                break
+        self._release()
+
+    def _release(self) -> None:
+        if self._fd < 0:
+            return
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        if not self._eof.done():
+            self._eof.set_result(None)
+
+    def text(self) -> str:
+        return self._buf.decode(errors="replace")
+
+
+async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,
+                     timeout_s: float) -> None:
+    """Until the init inside reports it runs (all mounts done); bwrap's errors otherwise."""
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def on_readable() -> None:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        buf.extend(data)
+        if (marker in buf or not data) and not ready.done():
+            ready.set_result(None)
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, on_readable)
+    exited = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.wait({ready, exited}, timeout=timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_reader(fd)
+        if not exited.done():
+            exited.cancel()
+    if marker not in buf:
+        with contextlib.suppress(BlockingIOError):
+            buf.extend(os.read(fd, 65536))
+        detail = buf.decode(errors="replace").strip() or "no output"
+        state = f"exit code {proc.returncode}" if proc.returncode is not None else "no answer"
+        raise SandboxError(f"bubblewrap failed to start the sandbox ({state}): {detail}")
+
+
+def read_child_pid(info_fd: int) -> int:
+    """bwrap writes {"child-pid": N, ...} to --info-fd right after clone, before our ready line."""
+    os.set_blocking(info_fd, False)
+    raw = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(info_fd, 4096):
+            raw += chunk
+    try:
+        return int(json.loads(raw)["child-pid"])
+    except (ValueError, KeyError) as exc:
+        raise SandboxError(f"unreadable bwrap --info-fd output {raw!r}") from exc

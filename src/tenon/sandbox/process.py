@@ -1,0 +1,377 @@
+"""The `process` backend: a bubblewrap namespace tree in its own cgroup, no daemon.
+
+Each sandbox is one `bwrap` tree (new user, pid, mount, uts, ipc, cgroup and, unless
+asked otherwise, net namespaces) over the base image's rootfs mounted read-only, with
+the workspace bound read-write at /workspace and size-capped tmpfs at /tmp and /dev/shm.
+bwrap runs as an unprivileged *host* uid (`host_uid`), so no sandbox process is host
+root even inside its user namespace (a kuid-0 process could still write root-owned
+sysctls or read /proc/kpage*); inside it appears as uid/gid 1000. Actions enter the
+namespaces with `nsenter`, as fresh processes placed in the sandbox cgroup before they
+exec anything.
+
+`--die-with-parent` is set on purpose: a controller restart recovers agents from their
+committed records and rematerializes sandboxes, so a sandbox outliving the controller
+would only hold budget nobody accounts for. The kernel kills the whole pid namespace
+(including exec'd actions) when bwrap's pid 1 dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import time
+import uuid
+from pathlib import Path
+
+from tenon.errors import (
+    BackendUnavailable,
+    SandboxDied,
+    SandboxError,
+    SandboxFrozen,
+    TenonError,
+    WorkspaceError,
+)
+from tenon.host.domain import SandboxCgroup, WorkloadDomain
+from tenon.sandbox._exec import (
+    EXEC_ID_VAR,
+    OutputCapture,
+    enter_cgroup_argv,
+    is_alive,
+    kill_action,
+    proc_command,
+    proc_stat,
+    read_child_pid,
+    wait_ready,
+)
+from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.image import image_rootfs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "tenon-base:bookworm"
+DEFAULT_HOST_UID = 100000  # unprivileged host uid/gid sandboxes run as (outside any user's range)
+SANDBOX_UID = 1000  # uid/gid inside the sandbox
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+READY_TIMEOUT_S = 10.0
+OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may keep the pipe
+_READY = b"tenon-ready\n"
+_STAGE_SH = 'mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 && exec "$@"'
+_INIT_SH = f"echo {_READY.decode().strip()}; exec sleep infinity </dev/null >/dev/null 2>&1"
+# Mounts an action may write through; anything else rw makes the outside-writes answer unknown.
+_WRITABLE_MOUNTS = ("/workspace", "/tmp", "/dev/shm", "/dev/pts", "/proc")
+
+
+def _tools() -> dict[str, str | None]:
+    return {name: shutil.which(name) for name in ("bwrap", "nsenter", "setpriv", "unshare")}
+
+
+class ProcessBackend:
+    """Materializes bubblewrap sandboxes under a workload domain."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        domain: WorkloadDomain,
+        state_dir: Path = Path("/var/lib/tenon"),
+        *,
+        host_uid: int = DEFAULT_HOST_UID,
+    ) -> None:
+        self.domain = domain
+        self.state_dir = state_dir
+        self.host_uid = host_uid
+        self._tools = _tools()
+        self._stage = state_dir / "mnt"
+
+    def _ensure_stage(self) -> None:
+        for point in ("root", "workspace"):
+            (self._stage / point).mkdir(parents=True, exist_ok=True)
+        for d in (self._stage, *self._stage.parents):
+            if not d.stat().st_mode & 0o001:
+                raise BackendUnavailable(
+                    f"{d} is not searchable by the sandbox uid {self.host_uid}; "
+                    f"run: chmod o+x {d}")
+
+    def check(self) -> list[str]:
+        problems = []
+        packages = {"bwrap": "bubblewrap", "nsenter": "util-linux", "setpriv": "util-linux",
+                    "unshare": "util-linux"}
+        for tool, path in self._tools.items():
+            if path is None:
+                problems.append(f"{tool} is missing; run: apt-get install {packages[tool]}")
+        try:
+            image_rootfs(DEFAULT_IMAGE, self.state_dir)
+            self._ensure_stage()
+        except (TenonError, OSError) as exc:
+            problems.append(str(exc))
+        for controller in ("memory", "pids", "freezer"):
+            if controller not in self.domain.layout.mounts and not (
+                controller == "freezer" and self.domain.layout.version.value == "v2"
+            ):
+                problems.append(
+                    f"cgroup controller {controller} is not available; mount/enable it "
+                    f"(see: tenon doctor)"
+                )
+        try:
+            max_userns = int(Path("/proc/sys/user/max_user_namespaces").read_text())
+        except (OSError, ValueError):
+            max_userns = 1
+        if max_userns < 1:
+            problems.append(
+                "user namespaces are disabled; run: sysctl user.max_user_namespaces=15000"
+            )
+        return problems
+
+    def _require_tools(self) -> dict[str, str]:
+        missing = [t for t, p in self._tools.items() if p is None]
+        if missing:
+            raise BackendUnavailable(
+                f"{', '.join(missing)} missing; run: apt-get install bubblewrap util-linux"
+            )
+        return {t: p for t, p in self._tools.items() if p is not None}
+
+    def _prepare_workspace(self, workspace: Path) -> None:
+        """The sandbox's host uid must own the workspace to write it (lchown: never follow)."""
+        if not workspace.is_dir():
+            raise WorkspaceError(f"workspace {workspace} is not a directory")
+        uid = gid = self.host_uid
+        for root, dirs, files in os.walk(workspace):
+            for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
+                st = os.lstat(name)
+                if st.st_uid != uid or st.st_gid != gid:
+                    os.lchown(name, uid, gid)
+
+    def _bwrap_argv(self, tools: dict[str, str], rootfs: Path, spec: SandboxSpec,
+                    info_fd: int) -> list[str]:
+        """bwrap runs as `host_uid`, which may not traverse the workspace's ancestors (e.g. a
+        0700 parent): root first binds rootfs and workspace onto fixed staging points inside a
+        private mount namespace (invisible to the host, gone with the sandbox)."""
+        size = str(spec.tmp_size_bytes)
+        return [
+            tools["unshare"], "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", _STAGE_SH, "tenon-stage", str(rootfs), str(spec.workspace),
+            str(self._stage / "root"), str(self._stage / "workspace"),
+            tools["setpriv"], f"--reuid={self.host_uid}", f"--regid={self.host_uid}",
+            "--clear-groups", "--", tools["bwrap"],
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup", *(() if spec.network else ("--unshare-net",)),
+            "--disable-userns", "--die-with-parent", "--new-session",
+            "--hostname", "sandbox", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--cap-drop", "ALL",
+            "--ro-bind", str(self._stage / "root"), "/",
+            "--bind", str(self._stage / "workspace"), "/workspace",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            "--size", size, "--tmpfs", "/tmp",
+            "--chdir", "/workspace", "--clearenv",
+            "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp",
+            "--info-fd", str(info_fd),
+            "--", "/bin/sh", "-c", _INIT_SH,
+        ]
+
+    async def materialize(self, spec: SandboxSpec) -> ProcessSandbox:
+        tools = self._require_tools()
+        rootfs = image_rootfs(spec.image, self.state_dir)
+        (rootfs / "workspace").mkdir(exist_ok=True)  # mount point for the bind
+        self._ensure_stage()
+        workspace = spec.workspace.resolve()
+        await asyncio.to_thread(self._prepare_workspace, workspace)
+        spec_ws = dataclasses.replace(spec, workspace=workspace)
+        cgroup = self.domain.sandbox(spec.sandbox_id)
+        try:
+            if cgroup.pids():
+                raise SandboxError(f"cgroup of {spec.sandbox_id} already has processes "
+                                   f"{cgroup.pids()}; destroy the old sandbox first")
+            cgroup.set_max_pids(spec.max_pids)
+            return await self._start(tools, rootfs, spec, spec_ws, cgroup)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cgroup.remove()
+            raise
+
+    async def _start(self, tools: dict[str, str], rootfs: Path, spec: SandboxSpec,
+                     spec_ws: SandboxSpec, cgroup: SandboxCgroup) -> ProcessSandbox:
+        out_r, out_w = os.pipe()
+        info_r, info_w = os.pipe()
+        argv = enter_cgroup_argv(cgroup.procs_files(),
+                                 self._bwrap_argv(tools, rootfs, spec_ws, info_w))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                pass_fds=(info_w,), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(out_r)
+            os.close(info_r)
+            raise
+        finally:
+            for fd in (out_w, info_w):
+                os.close(fd)
+        try:
+            await wait_ready(out_r, proc, _READY, READY_TIMEOUT_S)
+            child_pid = read_child_pid(info_r)
+            init_pid = _init_pid(cgroup, child_pid)
+            if os.readlink(f"/proc/{child_pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+                raise SandboxError(f"sandbox {spec.sandbox_id} did not get its own namespaces")
+        except BaseException:
+            os.close(out_r)
+            cgroup.kill_all()
+            await proc.wait()
+            raise
+        finally:
+            os.close(info_r)
+        logger.debug("sandbox %s ready: bwrap %d, pid1 %d, init %d",
+                     spec.sandbox_id, proc.pid, child_pid, init_pid)
+        return ProcessSandbox(spec, cgroup, proc, child_pid, init_pid, out_r, tools)
+
+
+def _init_pid(cgroup: SandboxCgroup, child_pid: int) -> int:
+    """The init (`sleep infinity`): pid 1's only child right after readiness."""
+    for pid in cgroup.pids():
+        stat = proc_stat(pid)
+        if stat is not None and stat[0] == child_pid:
+            return pid
+    raise SandboxDied(f"sandbox init under pid {child_pid} is gone")
+
+
+class ProcessSandbox:
+    """A live bubblewrap sandbox."""
+
+    def __init__(self, spec: SandboxSpec, cgroup: SandboxCgroup,
+                 proc: asyncio.subprocess.Process, child_pid: int, init_pid: int,
+                 out_fd: int, tools: dict[str, str]) -> None:
+        self._spec = spec
+        self.cgroup = cgroup
+        self._proc = proc  # outer bwrap (host pid ns)
+        self.child_pid = child_pid  # bwrap's pid 1 of the sandbox pid namespace (reaper)
+        self.init_pid = init_pid
+        self._out_fd = out_fd  # bwrap's stdout/stderr; kept open so late writes never SIGPIPE it
+        self._tools = tools
+        self._destroyed = False
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    @property
+    def cgroup_name(self) -> str:
+        return self._spec.sandbox_id
+
+    @property
+    def _own_pids(self) -> set[int]:
+        return {self._proc.pid, self.child_pid, self.init_pid}
+
+    def _ensure_usable(self) -> None:
+        if self._destroyed:
+            raise SandboxError(f"sandbox {self._spec.sandbox_id} was destroyed")
+        if self._proc.returncode is not None or not is_alive(self.init_pid):
+            raise SandboxDied(f"sandbox {self._spec.sandbox_id}: its init exited "
+                              f"(bwrap exit code {self._proc.returncode}); rematerialize it")
+        if self.cgroup.is_frozen():
+            raise SandboxFrozen(f"sandbox {self._spec.sandbox_id} is frozen by the gate")
+
+    async def exec(self, command: str, *, timeout_s: float,
+                   max_output_bytes: int = 65536) -> ExecResult:
+        self._ensure_usable()
+        exec_id = uuid.uuid4().hex
+        env = {"PATH": SANDBOX_PATH, "HOME": "/tmp", "LANG": "C.UTF-8",
+               **self._spec.env, EXEC_ID_VAR: exec_id}
+        argv = enter_cgroup_argv(self.cgroup.procs_files(), [
+            self._tools["setpriv"], "--no-new-privs", "--", self._tools["nsenter"],
+            "-t", str(self.child_pid), "-U", "-m", "-p", "-n", "-u", "-i", "-C",
+            "-r", "--wdns=/workspace", "-S", str(SANDBOX_UID), "-G", str(SANDBOX_UID),
+            "--", "/bin/sh", "-c", command,
+        ])
+        start = time.perf_counter()
+        out_r, out_w = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                env=env, start_new_session=True,
+            )
+        except BaseException:
+            os.close(out_r)
+            raise
+        finally:
+            os.close(out_w)
+        capture = OutputCapture(out_r, max_output_bytes)
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+            if timed_out:
+                await kill_action(proc.pid, self.cgroup.pids, exec_id, exclude=self._own_pids)
+                await proc.wait()
+            await capture.wait_eof(OUTPUT_GRACE_S)
+        except BaseException:  # cancelled: leave nothing of the action behind
+            await asyncio.shield(kill_action(proc.pid, self.cgroup.pids, exec_id,
+                                             exclude=self._own_pids))
+            raise
+        finally:
+            capture.close()
+        code = proc.returncode if proc.returncode is not None else -9
+        if code == 125 and not timed_out and self._proc.returncode is not None:
+            raise SandboxDied(f"sandbox {self._spec.sandbox_id} died during the action")
+        return ExecResult(exit_code=code, output=capture.text(), truncated=capture.truncated,
+                          duration_s=time.perf_counter() - start, timed_out=timed_out)
+
+    def processes(self) -> list[ProcessInfo]:
+        if self._destroyed:
+            return []
+        infos = []
+        for pid in self.cgroup.pids():
+            if pid in self._own_pids:
+                continue
+            stat, command = proc_stat(pid), proc_command(pid)
+            if stat is not None and command is not None:
+                infos.append(ProcessInfo(host_pid=pid, ppid=stat[0], command=command))
+        return infos
+
+    def changed_paths_outside_workspace(self) -> list[str] | None:
+        """[] by construction (read-only root); /dev/shm files are listed; None if unverifiable."""
+        try:
+            mountinfo = Path(f"/proc/{self.child_pid}/mountinfo").read_text()
+            for line in mountinfo.splitlines():
+                fields = line.split()
+                mount_point, options = fields[4], fields[5].split(",")
+                if "rw" not in options:
+                    continue
+                allowed = any(mount_point == m or mount_point.startswith(m + "/")
+                              for m in _WRITABLE_MOUNTS)
+                device_node = mount_point.startswith("/dev/") and fields[-3] == "devtmpfs"
+                if not (allowed or device_node):
+                    logger.warning("sandbox %s: unexpected writable mount %s",
+                                   self._spec.sandbox_id, mount_point)
+                    return None
+            shm = Path(f"/proc/{self.child_pid}/root/dev/shm")
+            return sorted(f"/dev/shm/{p.relative_to(shm)}" for p in shm.rglob("*"))
+        except (OSError, IndexError):
+            return None
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        try:
+            # pid 1 first: the kernel then kills the whole pid namespace while every nsenter
+            # is still alive to reap its child (see _exec.kill_action).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child_pid, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 2.0)
+            await asyncio.to_thread(self.cgroup.kill_all)
+            await self._proc.wait()
+            await asyncio.to_thread(self.cgroup.remove)
+        finally:
+            if self._out_fd >= 0:
+                os.close(self._out_fd)
+                self._out_fd = -1
+        logger.debug("sandbox %s destroyed", self._spec.sandbox_id)
