@@ -1,0 +1,142 @@
+"""mini-swe-agent import: timings from message timestamps, memory from a named profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tenon.errors import TraceError
+from tenon.replay.importers.miniswe import import_mini_swe_agent, load_memory_profile
+from tenon.replay.trace import Memory
+
+SHARED = Path("/work/shared/traces/mini-swe-agent")
+MB = 1_000_000
+
+
+def assistant(command, *, created, received):
+    return {
+        "role": "assistant",
+        "content": "thinking",
+        "extra": {
+            "actions": [{"command": command}],
+            "response": {"created": created},
+            "timestamp": received,
+        },
+    }
+
+
+def tool(finished):
+    return {"role": "tool", "content": "out", "extra": {"returncode": 0, "timestamp": finished}}
+
+
+def make_trajectory(path: Path) -> Path:
+    document = {
+        "trajectory_format": "mini-swe-agent-1.1",
+        "instance_id": "org__proj-7",
+        "info": {"config": {"environment": {"image": "docker.io/x:latest"}}},
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant"},
+            {
+                "role": "user",
+                "content": "<pr_description>\nConsider the following PR "
+                "description:\nFix bug X\n</pr_description>\nmore",
+            },
+            assistant("python -m pytest", created=1000, received=1003.5),
+            tool(1010.0),
+            assistant("cat a.py", created=1010, received=1012.0),
+            tool(1012.25),
+            {"role": "exit", "content": ""},
+        ],
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def make_profile(path: Path) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "test_runner": {
+                    "avg_bytes": 300 * MB,
+                    "peak_bytes": 900 * MB,
+                    "resident_after_bytes": 0,
+                },
+                "default": {
+                    "avg_bytes": 5 * MB,
+                    "peak_bytes": 10 * MB,
+                    "resident_after_bytes": 1 * MB,
+                },
+            }
+        )
+    )
+    return path
+
+
+def test_with_profile_file(tmp_path):
+    make_trajectory(tmp_path / "org__proj-7.traj.json")
+    trace = import_mini_swe_agent(tmp_path, make_profile(tmp_path / "profile.json"))
+    (workflow,) = trace.workflows
+    assert (workflow.id, workflow.family, workflow.task_prompt) == (
+        "org__proj-7",
+        "proj",
+        "Fix bug X",
+    )
+    assert workflow.metadata["original_image"] == "docker.io/x:latest"
+    first, second = workflow.steps
+    assert (first.model_wait_s, first.action.duration_s) == (3.5, 6.5)
+    assert (second.model_wait_s, second.action.duration_s) == (2.0, 0.25)
+    assert first.action.action_class == "test_runner"
+    assert first.action.memory.peak_bytes == 900 * MB
+    assert second.action.action_class == "file_read"
+    assert second.action.memory.resident_after_bytes == 1 * MB
+
+
+def test_with_callable(tmp_path):
+    make_trajectory(tmp_path / "t.traj.json")
+    seen = []
+
+    def predictor(action_class, command, step_index):
+        seen.append((action_class, command, step_index))
+        return Memory(avg_bytes=1, peak_bytes=2, resident_after_bytes=0)
+
+    import_mini_swe_agent(tmp_path, predictor)
+    assert seen == [("test_runner", "python -m pytest", 0), ("file_read", "cat a.py", 1)]
+
+
+def test_without_profile_is_a_clear_error(tmp_path):
+    make_trajectory(tmp_path / "t.traj.json")
+    with pytest.raises(TraceError, match="a memory profile is required"):
+        import_mini_swe_agent(tmp_path, None)
+
+
+def test_bad_profile(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(
+        json.dumps({"tests": {"avg_bytes": 1, "peak_bytes": 2, "resident_after_bytes": 0}})
+    )
+    with pytest.raises(TraceError, match="tests: unknown action class"):
+        load_memory_profile(path)
+    path.write_text(
+        json.dumps({"default": {"avg_bytes": 5, "peak_bytes": 2, "resident_after_bytes": 0}})
+    )
+    with pytest.raises(TraceError, match="default.peak_bytes: must be >= avg_bytes"):
+        load_memory_profile(path)
+
+
+def test_profile_without_class_or_default(tmp_path):
+    make_trajectory(tmp_path / "t.traj.json")
+    profile = {"test_runner": Memory(avg_bytes=1, peak_bytes=2, resident_after_bytes=0)}
+    with pytest.raises(TraceError, match="no entry for action class 'file_read'"):
+        import_mini_swe_agent(tmp_path, profile)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared mini-swe-agent data not present")
+def test_shared_trajectories(tmp_path):
+    trace = import_mini_swe_agent(SHARED, make_profile(tmp_path / "profile.json"))
+    assert len(trace.workflows) == 4
+    for workflow in trace.workflows:
+        assert workflow.task_prompt
+        assert len(workflow.steps) > 5
+        assert all(0 <= step.model_wait_s < 600 for step in workflow.steps)
