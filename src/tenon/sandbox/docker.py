@@ -1,0 +1,413 @@
+"""The `docker` backend: one container per sandbox, inside the workload domain.
+
+`cgroup_parent=/<domain>` puts each container's cgroup at `<domain>/<container id>`
+(cgroupfs driver), so all it allocates is charged to the budget. Its init (docker-init +
+`sleep infinity`) only idles; each action is a fresh `sh -c` via `docker exec`, killed on
+timeout from the host (exec pid, descendants, anything with its TENON_EXEC_ID). Actions run
+as the workspace's owner uid:gid with all capabilities dropped and no-new-privileges, so
+/workspace is writable without chown and its files stay the host owner's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.utils.socket import frames_iter
+
+from tenon.errors import (
+    BackendUnavailable,
+    HostError,
+    ImageNotFound,
+    SandboxDied,
+    SandboxError,
+    SandboxFrozen,
+)
+from tenon.sandbox._exec import EXEC_ID_VAR, kill_action, proc_command, proc_stat
+from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+
+if TYPE_CHECKING:
+    from tenon.host.domain import SandboxCgroup, WorkloadDomain
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_LABEL = "tenon.sandbox"
+DOMAIN_LABEL = "tenon.domain"
+WORKSPACE = "/workspace"
+_UNTRACKED_PREFIXES = (WORKSPACE, "/tmp")
+# Mount points runc creates in the writable layer; they and their parent dirs are no action's.
+_MOUNT_POINTS = (WORKSPACE, "/tmp", "/sbin/docker-init", "/usr/sbin/docker-init")
+_READY_TIMEOUT_S = 10.0
+# Docker keeps stdout and stderr as two pipes, so their relative order would be lost;
+# one pipe for both keeps the interleaving. The action is still exactly `sh -c command`.
+_MERGED_SH = ("/bin/sh", "-c", 'exec 2>&1; exec /bin/sh -c "$1"', "sh")
+_IO_GRACE_S = 0.1  # after the exec exits, how long a background holder may keep its output
+_DAEMON_FIX = "start dockerd (systemctl start docker), or run: bash scripts/setup.sh"
+
+
+def connect(timeout_s: float = 30.0) -> docker.DockerClient:
+    """A client for the local Engine; BackendUnavailable (with the fix) when none answers."""
+    try:
+        client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    except Exception as exc:
+        raise BackendUnavailable(f"Docker Engine does not answer ({exc}); {_DAEMON_FIX}") from exc
+    return client
+
+
+def container_options(spec: SandboxSpec) -> dict[str, Any]:
+    """`containers.create` keyword arguments shared by Tenon and the bare baseline."""
+    workspace = spec.workspace.resolve()
+    owner = workspace.stat()
+    return {
+        "image": spec.image,
+        "command": ["sleep", "infinity"],
+        "init": True,  # docker-init reaps orphans, so leftovers never pile up as zombies
+        "network_mode": "bridge" if spec.network else "none",
+        "volumes": {str(workspace): {"bind": WORKSPACE, "mode": "rw"}},
+        "working_dir": WORKSPACE,
+        "tmpfs": {"/tmp": f"size={spec.tmp_size_bytes},mode=1777"},
+        "pids_limit": spec.max_pids,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "user": f"{owner.st_uid}:{owner.st_gid}",
+        "environment": dict(spec.env),
+    }
+
+
+def _container_cgroup(init_pid: int, domain_name: str, fallback: str) -> str:
+    """The container's cgroup relative to the domain, read from its init's /proc entry."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{init_pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(",") and path.startswith(f"/{domain_name}/"):
+                return path.removeprefix(f"/{domain_name}/")
+    return fallback  # pure v2 has no "memory" line; cgroupfs names it <domain>/<id> there too
+
+
+def _first_exec(client: docker.DockerClient, container_id: str, deadline: float) -> None:
+    """Block until `true` runs inside the container (the readiness criterion)."""
+    while True:
+        try:
+            exec_id = client.api.exec_create(container_id, ["true"])["Id"]
+            client.api.exec_start(exec_id)
+            if client.api.exec_inspect(exec_id)["ExitCode"] == 0:
+                return
+        except docker.errors.APIError as exc:
+            if time.monotonic() > deadline:
+                raise SandboxError(f"container {container_id[:12]} never ran: {exc}") from exc
+        if time.monotonic() > deadline:
+            raise SandboxError(f"container {container_id[:12]} not ready in time")
+        time.sleep(0.01)
+
+
+class DockerBackend:
+    """Materializes sandboxes as Docker containers inside the workload domain."""
+
+    name = "docker"
+
+    def __init__(self, domain: WorkloadDomain, client: docker.DockerClient | None = None) -> None:
+        self.domain = domain
+        self._client = client
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect()
+        return self._client
+
+    def check(self, image: str = "tenon-base:bookworm") -> list[str]:
+        try:
+            client = self.client
+            client.ping()
+        except Exception as exc:
+            return [f"Docker Engine does not answer ({exc}); {_DAEMON_FIX}"]
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return [f"image {image!r} is missing from Docker; run: tenon image build"]
+        except Exception as exc:
+            return [f"cannot query image {image!r} ({exc}); {_DAEMON_FIX}"]
+        return []
+
+    async def materialize(self, spec: SandboxSpec) -> DockerSandbox:
+        return await asyncio.to_thread(self._materialize, spec)
+
+    def _materialize(self, spec: SandboxSpec) -> DockerSandbox:
+        client = self.client
+        start = time.perf_counter()
+        options = container_options(spec)
+        try:
+            # create + start, not run: run would try to pull a missing image.
+            container = client.containers.create(
+                name=f"tenon-{spec.sandbox_id}",
+                labels={SANDBOX_LABEL: spec.sandbox_id, DOMAIN_LABEL: self.domain.name},
+                cgroup_parent=f"/{self.domain.name}",
+                **options,
+            )
+            try:
+                container.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+                raise
+        except docker.errors.ImageNotFound as exc:
+            msg = f"image {spec.image!r} is missing from Docker; run: tenon image build"
+            raise ImageNotFound(msg) from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot start container for {spec.sandbox_id}: {exc}") from exc
+        except Exception as exc:  # requests' ConnectionError and friends
+            raise BackendUnavailable(f"Docker Engine failed ({exc}); {_DAEMON_FIX}") from exc
+        try:
+            _first_exec(client, container.id, time.monotonic() + _READY_TIMEOUT_S)
+            container.reload()
+            init_pid = int(container.attrs["State"]["Pid"])
+            relative = _container_cgroup(init_pid, self.domain.name, container.id)
+            cgroup = self.domain.adopt(spec.sandbox_id, relative)
+            # Snapshot after the first exec has exited: docker-init and its idle child.
+            init_pids = frozenset(cgroup.pids())
+            driver = container.attrs["GraphDriver"]
+            upper = Path(driver["Data"]["UpperDir"]) if driver["Name"] == "overlay2" else None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+            raise
+        ready_s = time.perf_counter() - start
+        logger.info("sandbox %s ready in %.3f s (cgroup %s)", spec.sandbox_id, ready_s, relative)
+        parts = (client, container, cgroup, init_pids, upper)
+        return DockerSandbox(spec, relative, *parts, ready_s)
+
+
+@dataclass(eq=False)
+class DockerSandbox:
+    """A live container; its cgroup is adopted into the workload domain."""
+
+    spec: SandboxSpec
+    cgroup_name: str  # relative to the domain
+    client: docker.DockerClient
+    container: Container
+    cgroup: SandboxCgroup
+    init_pids: frozenset[int]  # docker-init and its idle child, never reported or killed
+    upper_dir: Path | None  # overlay2 writable layer, read from the host
+    ready_s: float  # create -> first successful exec
+    _destroyed: bool = False
+
+    async def exec(
+        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+    ) -> ExecResult:
+        if self._destroyed:
+            raise SandboxError(f"sandbox {self.spec.sandbox_id} was destroyed")
+        try:
+            frozen = self.cgroup.is_frozen()
+        except OSError as exc:
+            raise SandboxDied(f"sandbox {self.spec.sandbox_id} lost its cgroup: {exc}") from exc
+        if frozen:
+            raise SandboxFrozen(f"sandbox {self.spec.sandbox_id} is frozen by the gate")
+        token = uuid.uuid4().hex
+        api = self.client.api
+        start = time.perf_counter()
+        try:
+            exec_id, raw = await asyncio.to_thread(self._start, command, token)
+        except docker.errors.APIError as exc:
+            raise SandboxDied(f"exec in {self.spec.sandbox_id} failed: {exc}") from exc
+        # The unix-socket transport hands back a SocketIO; shutdown() needs the real socket.
+        sock: socket.socket = getattr(raw, "_sock", raw)
+        buf = bytearray()
+        drain = asyncio.ensure_future(asyncio.to_thread(_drain, raw, buf, max_output_bytes))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        timed_out = False
+        poll_s = 0.02
+        try:
+            while not drain.done():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    timed_out = True
+                    await self._kill_exec(exec_id, token)
+                    break
+                await asyncio.wait({drain}, timeout=min(remaining, poll_s))
+                poll_s = min(poll_s * 2, 0.25)
+                if drain.done():
+                    break
+                info = await asyncio.to_thread(api.exec_inspect, exec_id)
+                if not info["Running"]:  # exited; a background child holds the output open
+                    await asyncio.wait({drain}, timeout=_IO_GRACE_S)
+                    break
+        finally:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            truncated = await drain
+            raw.close()
+            sock.close()
+        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        code = -9 if timed_out else info.get("ExitCode")
+        code = -1 if code is None else int(code)
+        output = bytes(buf).decode(errors="replace")
+        elapsed_s = time.perf_counter() - start
+        return ExecResult(code, output, truncated, elapsed_s, timed_out=timed_out)
+
+    def _start(self, command: str, token: str) -> tuple[str, Any]:
+        api = self.client.api
+        env = {**self.spec.env, EXEC_ID_VAR: token}
+        argv = [*_MERGED_SH, command]
+        exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=WORKSPACE)
+        exec_id = exec_id["Id"]
+        return exec_id, api.exec_start(exec_id, socket=True)
+
+    async def _kill_exec(self, exec_id: str, token: str) -> None:
+        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
+        root_pid = int(info.get("Pid") or 0)
+        logger.info("sandbox %s: timeout, killing tree of pid %d", self.spec.sandbox_id, root_pid)
+        await kill_action(root_pid, self._pids, token, exclude=set(self.init_pids))
+
+    def _pids(self) -> list[int]:
+        try:
+            return self.cgroup.pids()
+        except OSError:  # the container (and its cgroup) is gone
+            return []
+
+    def processes(self) -> list[ProcessInfo]:
+        """Processes in the container's cgroup other than docker-init and its idle child."""
+        found = []
+        for pid in sorted(set(self._pids()) - self.init_pids):
+            stat, command = proc_stat(pid), proc_command(pid)
+            if stat is not None and command is not None:
+                found.append(ProcessInfo(host_pid=pid, ppid=stat[0], command=command))
+        return found
+
+    def changed_paths_outside_workspace(self) -> list[str] | None:
+        """Paths in the container's writable layer outside /workspace and /tmp.
+
+        Walks the overlay2 upper directory from the host (about a millisecond);
+        `docker diff` answers the same but takes ~0.4 s here, so it is only the fallback.
+        """
+        try:
+            if self.upper_dir is not None and self.upper_dir.is_dir():
+                changed = _walk_upper(self.upper_dir)
+            else:
+                changed = [(c["Path"], c["Kind"] == 0) for c in self.container.diff() or []]
+        except Exception as exc:
+            logger.warning("sandbox %s: cannot list changes: %s", self.spec.sandbox_id, exc)
+            return None
+        return sorted(path for path, is_dir in changed if not _untracked(path, is_dir))
+
+    def oom_killed(self) -> bool:
+        """Docker's own OOMKilled flag (a cross-check; the domain's OOM counters are primary)."""
+        try:
+            self.container.reload()
+        except Exception:
+            return False
+        return bool(self.container.attrs["State"].get("OOMKilled"))
+
+    async def destroy(self) -> None:
+        await asyncio.to_thread(self._destroy)
+
+    def _destroy(self) -> None:
+        if self._destroyed:
+            return
+        with contextlib.suppress(HostError, OSError):
+            self.cgroup.thaw()  # a frozen container cannot be killed promptly
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                msg = f"cannot remove container of {self.spec.sandbox_id}: {exc}"
+                raise SandboxError(msg) from exc
+        # Docker removes the container's cgroup itself; this clears anything left behind.
+        try:
+            self.cgroup.remove()
+        except HostError as exc:
+            msg = f"cgroup of {self.spec.sandbox_id} outlived its container: {exc}"
+            raise SandboxError(msg) from exc
+        self._destroyed = True
+
+
+def _walk_upper(upper: Path) -> list[tuple[str, bool]]:
+    """(path, is a directory) for every entry of an overlay upper dir (whiteouts included)."""
+    found = []
+    for root, dirs, files in os.walk(upper):
+        base = "/" + Path(root).relative_to(upper).as_posix().removeprefix(".")
+        found += [(f"{base.rstrip('/')}/{name}", True) for name in dirs]
+        found += [(f"{base.rstrip('/')}/{name}", False) for name in files]
+    return found
+
+
+def _untracked(path: str, is_dir: bool) -> bool:
+    if any(path == p or path.startswith(p + "/") for p in _UNTRACKED_PREFIXES + _MOUNT_POINTS):
+        return True
+    # A copied-up parent of a mount point; writes inside it show up as their own paths.
+    return is_dir and any(m.startswith(path + "/") for m in _MOUNT_POINTS)
+
+
+def _drain(raw: Any, buf: bytearray, max_bytes: int) -> bool:
+    """Copy exec output frames into `buf`, keeping at most `max_bytes` but reading on to the
+    end, so the writer never blocks on a full pipe. Returns truncated."""
+    truncated = False
+    with contextlib.suppress(OSError):
+        for _, payload in frames_iter(raw, tty=False):
+            room = max(max_bytes - len(buf), 0)
+            truncated |= len(payload) > room
+            buf += payload[:room]
+    return truncated
+
+
+def remove_parent_cgroups(domain_name: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+    """Remove the empty `<hierarchy>/<domain>` directories Docker's cgroupfs driver made in
+    hierarchies the domain does not own (blkio, devices, unified...). Call after
+    `WorkloadDomain.remove()`; it is here because only this backend creates them."""
+    for directory in cgroup_root.glob(f"*/{domain_name}"):
+        if any(child.is_dir() for child in directory.iterdir()):
+            logger.warning("cgroup %s still has children; leaving it", directory)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            directory.rmdir()
+
+
+def cleanup_domain_containers(client: docker.DockerClient, domain_name: str) -> int:
+    """Remove every container labelled with `domain_name` (after a controller crash)."""
+    num_removed = 0
+    label = f"{DOMAIN_LABEL}={domain_name}"
+    for container in client.containers.list(all=True, filters={"label": label}):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+            num_removed += 1
+    if num_removed:
+        logger.info("removed %d leftover containers of domain %s", num_removed, domain_name)
+    return num_removed
+
+
+def bare_docker_lifecycle(
+    client: docker.DockerClient, image: str, n: int, workspace: Path | None = None
+) -> dict[str, float]:
+    """Baseline for the lifecycle benchmark: plain `docker run -d` with Tenon's flags minus
+    the cgroup parent, timed until `true` execs, then `docker rm -f`. Medians in ms."""
+    times_ms: dict[str, list[float]] = {"bare_run_ms": [], "bare_rm_ms": []}
+    with tempfile.TemporaryDirectory(prefix="tenon-bare-") as tmp:
+        options = container_options(SandboxSpec("bare", image, workspace or Path(tmp)))
+        for _ in range(n):
+            start = time.perf_counter()
+            container = client.containers.create(labels={"tenon.bare": "1"}, **options)
+            try:
+                container.start()
+                _first_exec(client, container.id, time.monotonic() + _READY_TIMEOUT_S)
+                times_ms["bare_run_ms"].append((time.perf_counter() - start) * 1000)
+            finally:
+                start = time.perf_counter()
+                container.remove(force=True)
+                times_ms["bare_rm_ms"].append((time.perf_counter() - start) * 1000)
+    return {"n": float(n)} | {key: statistics.median(ms) for key, ms in times_ms.items()}
