@@ -32,7 +32,7 @@ def test_detects_v2(tmp_path):
     layout = detect_layout(make_v2_tree(tmp_path))
     assert layout.version is CgroupVersion.V2
     assert set(layout.controllers) >= {"memory", "pids", "cpu"}
-    assert layout.missing == ()
+    assert layout.missing == []
 
 
 def test_v2_without_memory_controller_is_a_clear_error(tmp_path):
@@ -74,3 +74,13 @@ def test_this_host_has_a_usable_layout():
         pytest.skip("no /sys/fs/cgroup on this host")
     layout = detect_layout()
     assert "memory" in layout.controllers
+
+
+def test_detects_the_fake_v2_tree_and_its_missing_memory_controller(tmp_path):
+    from tenon.host.fake import FakeCgroupV2Tree
+
+    layout = FakeCgroupV2Tree(tmp_path / "ok").layout()
+    assert layout.version is CgroupVersion.V2
+    assert layout.root == tmp_path / "ok"
+    with pytest.raises(CgroupUnavailable, match="no memory controller"):
+        FakeCgroupV2Tree(tmp_path / "bad", controllers=("cpu", "pids")).layout()

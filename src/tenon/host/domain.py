@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import signal
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tenon.errors import ConfigError, HostError
+from tenon.host.cgroup import SandboxCgroup
+from tenon.host.cgroupfs import read_int, read_keyed, read_text
 from tenon.host.layout import CgroupLayout, detect_layout
-from tenon.host.types import CgroupVersion, GateResult, MemoryReading, OomEvent
+from tenon.host.types import CgroupVersion, MemoryReading, OomEvent, PressureReading
+
+__all__ = ["SandboxCgroup", "WorkloadDomain"]
 
 logger = logging.getLogger(__name__)
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as a huge page-aligned number
-FREEZE_TIMEOUT_S = 5.0
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+V2_DOMAIN_CONTROLLERS = ("memory", "pids", "cpu")
 
 
 def _check_name(name: str, what: str) -> str:
@@ -28,132 +27,17 @@ def _check_name(name: str, what: str) -> str:
     return name
 
 
-def _read_int(path: Path) -> int:
-    return int(path.read_text().split()[0])
+def _check_relative(relative_path: str) -> str:
+    parts = PurePosixPath(relative_path).parts
+    if not parts or relative_path.startswith("/") or any(p in ("..", ".") for p in parts):
+        raise ConfigError(f"cgroup path {relative_path!r} must be relative to the domain, "
+                          f"without '.' or '..'")
+    return relative_path
 
 
-def _read_keyed(path: Path) -> dict[str, int]:
-    return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines() if line)}
-
-
-@dataclass
-class SandboxCgroup:
-    """One sandbox's cgroup: a directory per v1 controller, or one v2 directory."""
-
-    sandbox_id: str
-    layout: CgroupLayout
-    dirs: dict[str, Path]  # controller -> directory (v2: every controller -> the same dir)
-    _seen_oom_kills: int = field(default=0)
-
-    @property
-    def _v1(self) -> bool:
-        return self.layout.version is CgroupVersion.V1
-
-    def procs_files(self) -> list[Path]:
-        """Every cgroup.procs a new process must be written into."""
-        return sorted({d / "cgroup.procs" for d in self.dirs.values()})
-
-    def add_pid(self, pid: int) -> None:
-        for procs in self.procs_files():
-            procs.write_text(str(pid))
-
-    def pids(self) -> list[int]:
-        text = (self.dirs["memory"] / "cgroup.procs").read_text()
-        return [int(p) for p in text.split()]
-
-    def set_max_pids(self, max_pids: int) -> None:
-        if max_pids < 1:
-            raise ConfigError(f"max_pids must be at least 1, got {max_pids}")
-        (self.dirs["pids"] / "pids.max").write_text(str(max_pids))
-
-    def reading(self) -> MemoryReading:
-        mem = self.dirs["memory"]
-        if self._v1:
-            usage_file = mem / "memory.memsw.usage_in_bytes"
-            if not usage_file.exists():
-                usage_file = mem / "memory.usage_in_bytes"
-            peak_file = mem / "memory.memsw.max_usage_in_bytes"
-            if not peak_file.exists():
-                peak_file = mem / "memory.max_usage_in_bytes"
-            limit = _read_int(mem / "memory.limit_in_bytes")
-            cpu_s = _read_int(self.dirs["cpuacct"] / "cpuacct.usage") / 1e9
-            ooms = _read_keyed(mem / "memory.oom_control").get("oom_kill", 0)
-            return MemoryReading(_read_int(usage_file), _read_int(peak_file),
-                                 None if limit >= _UNLIMITED_V1 else limit, cpu_s, ooms)
-        usage = _read_int(mem / "memory.current")
-        swap = mem / "memory.swap.current"
-        if swap.exists():
-            usage += _read_int(swap)
-        peak_file = mem / "memory.peak"
-        peak = _read_int(peak_file) if peak_file.exists() else usage
-        limit_text = (mem / "memory.max").read_text().strip()
-        cpu_s = _read_keyed(mem / "cpu.stat").get("usage_usec", 0) / 1e6
-        ooms = _read_keyed(mem / "memory.events").get("oom_kill", 0)
-        return MemoryReading(usage, peak, None if limit_text == "max" else int(limit_text),
-                             cpu_s, ooms)
-
-    def new_oom_kills(self) -> int:
-        """OOM kills in this cgroup since the previous call."""
-        total = self.reading().num_oom_kills
-        fresh, self._seen_oom_kills = total - self._seen_oom_kills, total
-        return max(fresh, 0)
-
-    def is_frozen(self) -> bool:
-        if self._v1:
-            return (self.dirs["freezer"] / "freezer.state").read_text().strip() == "FROZEN"
-        return _read_keyed(self.dirs["memory"] / "cgroup.events").get("frozen", 0) == 1
-
-    def _set_frozen(self, frozen: bool) -> GateResult:
-        start = time.perf_counter()
-        if self.is_frozen() == frozen:
-            return GateResult(frozen, False, time.perf_counter() - start)
-        if self._v1:
-            (self.dirs["freezer"] / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
-        else:
-            (self.dirs["memory"] / "cgroup.freeze").write_text("1" if frozen else "0")
-        while self.is_frozen() != frozen:
-            if time.perf_counter() - start > FREEZE_TIMEOUT_S:
-                raise HostError(f"cgroup of {self.sandbox_id} did not reach frozen={frozen} "
-                                f"within {FREEZE_TIMEOUT_S} s")
-            time.sleep(0.0005)
-        return GateResult(frozen, True, time.perf_counter() - start)
-
-    def freeze(self) -> GateResult:
-        """Deny execution: the cgroup's processes stop at once (idempotent)."""
-        return self._set_frozen(True)
-
-    def thaw(self) -> GateResult:
-        """Allow execution again (idempotent)."""
-        return self._set_frozen(False)
-
-    def kill_all(self, timeout_s: float = 5.0) -> None:
-        """SIGKILL every process until the cgroup is empty (thawed first so kills land)."""
-        if not self.dirs["memory"].exists():
-            return
-        self.thaw()
-        deadline = time.monotonic() + timeout_s
-        while pids := self.pids():
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise HostError(f"cgroup of {self.sandbox_id} still has pids {pids}")
-            time.sleep(0.005)
-
-    def remove(self) -> None:
-        """Kill everything and remove the cgroup directories (idempotent)."""
-        self.kill_all()
-        for directory in sorted(set(self.dirs.values()), reverse=True):
-            for _ in range(100):  # rmdir can race the exit of the last task
-                try:
-                    directory.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
-            else:
-                raise HostError(f"cannot remove cgroup {directory}")
+def _check_budget(budget_bytes: int | None) -> None:
+    if budget_bytes is not None and budget_bytes < 0:
+        raise ConfigError(f"budget must not be negative, got {budget_bytes}")
 
 
 class WorkloadDomain:
@@ -170,79 +54,148 @@ class WorkloadDomain:
         return self.layout.version
 
     def _dirs(self, relative: str) -> dict[str, Path]:
+        base = Path(self.name, relative) if relative else Path(self.name)
         if self.version is CgroupVersion.V1:
-            return {c: m / self.name / relative for c, m in self.layout.mounts.items()}
-        return {c: self.layout.root / self.name / relative for c in self.layout.mounts}
+            return {c: m / base for c, m in self.layout.mounts.items()}
+        return {c: self.layout.root / base for c in self.layout.mounts}
+
+    @property
+    def _memory_dir(self) -> Path:
+        return self._dirs("")["memory"]
+
+    def _self_cgroup(self) -> SandboxCgroup:
+        return SandboxCgroup(self.name, self.layout, self._dirs(""))
 
     @classmethod
     def open(cls, name: str = "tenon", budget_bytes: int | None = None,
              layout: CgroupLayout | None = None) -> WorkloadDomain:
-        """Create or adopt the domain `name` and set its budget."""
+        """Create or adopt the domain `name` and set its budget (None = unlimited)."""
         _check_name(name, "domain name")
-        if budget_bytes is not None and budget_bytes < 0:
-            raise ConfigError(f"budget must not be negative, got {budget_bytes}")
+        _check_budget(budget_bytes)
         layout = layout or detect_layout()
         domain = cls(name, layout, None)
+        io = layout.io
         if layout.version is CgroupVersion.V2:
-            for d in (layout.root, layout.root / name):
-                d.mkdir(exist_ok=True)
-                (d / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+            enable = " ".join(f"+{c}" for c in V2_DOMAIN_CONTROLLERS if c in layout.mounts)
+            io.write(layout.root / "cgroup.subtree_control", enable)
+            io.mkdir(layout.root / name)
+            io.write(layout.root / name / "cgroup.subtree_control", enable)
         else:
-            for d in set(domain._dirs("").values()):
-                d.mkdir(exist_ok=True)
+            for d in sorted(set(domain._dirs("").values())):
+                io.mkdir(d)
+            hierarchy = domain._memory_dir / "memory.use_hierarchy"
+            # Children must charge the domain's limit; only settable while childless.
+            if hierarchy.exists() and read_text(hierarchy).strip() == "0":
+                io.write(hierarchy, "1")
         domain.set_budget(budget_bytes)
+        logger.info("workload domain %s (%s) budget=%s bytes", name, layout.version.value,
+                    budget_bytes)
         return domain
 
     def set_budget(self, budget_bytes: int | None) -> None:
-        if budget_bytes is not None and budget_bytes < 0:
-            raise ConfigError(f"budget must not be negative, got {budget_bytes}")
+        """Set the domain's memory limit (None = unlimited); swap is held inside it too."""
+        _check_budget(budget_bytes)
+        io, mem = self.layout.io, self._memory_dir
         if self.version is CgroupVersion.V2:
-            d = self.layout.root / self.name
-            (d / "memory.max").write_text("max" if budget_bytes is None else str(budget_bytes))
+            io.write(mem / "memory.max", "max" if budget_bytes is None else str(budget_bytes))
+            swap_max = mem / "memory.swap.max"
+            if swap_max.exists():  # like v1 memsw = limit: swapping may not stretch the budget
+                io.write(swap_max, "max" if budget_bytes is None else "0")
         else:
-            mem = self.layout.mounts["memory"] / self.name
             memsw = mem / "memory.memsw.limit_in_bytes"
+            limit = mem / "memory.limit_in_bytes"
             value = "-1" if budget_bytes is None else str(budget_bytes)
-            # memsw must stay >= the memory limit: order the writes by direction.
-            current = _read_int(mem / "memory.limit_in_bytes")
-            growing = budget_bytes is None or budget_bytes >= current
-            files = [memsw, mem / "memory.limit_in_bytes"] if growing else [
-                mem / "memory.limit_in_bytes", memsw]
-            for f in files:
+            # The kernel keeps memsw >= limit: raise memsw first when growing, last when shrinking.
+            growing = budget_bytes is None or budget_bytes >= read_int(limit)
+            for f in ([memsw, limit] if growing else [limit, memsw]):
                 if f.exists():
-                    f.write_text(value)
+                    io.write(f, value)
         self.budget_bytes = budget_bytes
 
-    def sandbox(self, sandbox_id: str) -> SandboxCgroup:
-        """Create (or adopt) the child cgroup of `sandbox_id`."""
-        return self.adopt(sandbox_id, sandbox_id, create=True)
+    def reading(self) -> MemoryReading:
+        """The whole domain: every sandbox together, against the budget."""
+        return self._self_cgroup().reading()
 
-    def adopt(self, sandbox_id: str, relative_path: str, *, create: bool = False) -> SandboxCgroup:
+    def pressure(self) -> PressureReading | None:
+        """The domain's memory PSI on v2; None on v1."""
+        return self._self_cgroup().pressure()
+
+    def sandbox(self, sandbox_id: str) -> SandboxCgroup:
+        """Create (or adopt) the child cgroup `<domain>/<sandbox_id>` in every controller."""
         _check_name(sandbox_id, "sandbox id")
-        dirs = self._dirs(relative_path)
-        for d in set(dirs.values()):
-            if create:
-                d.mkdir(exist_ok=True)
-            elif not d.exists():
-                raise HostError(f"cgroup {d} does not exist")
+        dirs = self._dirs(sandbox_id)
+        for d in sorted(set(dirs.values())):
+            self.layout.io.mkdir(d)
+        return self._register(sandbox_id, dirs)
+
+    def adopt(self, sandbox_id: str, relative_path: str) -> SandboxCgroup:
+        """Adopt an existing cgroup at `<domain>/<relative_path>` (e.g. a Docker container's)."""
+        _check_name(sandbox_id, "sandbox id")
+        dirs = self._dirs(_check_relative(relative_path))
+        if not dirs["memory"].is_dir():
+            raise HostError(f"cgroup {dirs['memory']} does not exist (adopting {sandbox_id})")
+        # A v1 hierarchy the creator did not populate is skipped rather than invented.
+        return self._register(sandbox_id, {c: d for c, d in dirs.items() if d.is_dir()})
+
+    def _register(self, sandbox_id: str, dirs: dict[str, Path]) -> SandboxCgroup:
+        known = self._children.get(sandbox_id)
+        if known is not None and known.dirs == dirs:
+            return known
         child = SandboxCgroup(sandbox_id, self.layout, dirs)
         self._children[sandbox_id] = child
         return child
 
-    def reading(self) -> MemoryReading:
-        return SandboxCgroup(self.name, self.layout, self._dirs("")).reading()
+    def _present(self) -> list[SandboxCgroup]:
+        """Known children that still exist, then any unknown child directories."""
+        present = [c for c in self._children.values() if c.exists()]
+        known_dirs = {c.dirs["memory"] for c in present}
+        mem = self._memory_dir
+        strays = sorted(d for d in mem.iterdir() if d.is_dir() and d not in known_dirs) \
+            if mem.is_dir() else []
+        for d in strays:
+            present.append(self._register(d.name, self._dirs(d.name)))
+        return present
+
+    def sandbox_ids(self) -> list[str]:
+        """The children present in the domain (known ids, or directory names for strays)."""
+        return sorted(c.sandbox_id for c in self._present())
 
     def poll_oom(self) -> list[OomEvent]:
         """OOM kills since the previous poll, attributed to the child they hit."""
         events = []
-        for sandbox_id, child in list(self._children.items()):
-            if child.dirs["memory"].exists() and (n := child.new_oom_kills()):
-                events.append(OomEvent(sandbox_id, n))
-        return events
+        for child in self._present():
+            try:
+                fresh = child.new_oom_kills()
+            except HostError:  # removed between listing and reading: nothing to attribute
+                continue
+            if fresh:
+                logger.warning("OOM kill in sandbox %s (%d)", child.sandbox_id, fresh)
+                events.append(OomEvent(child.sandbox_id, fresh))
+        return sorted(events, key=lambda e: e.sandbox_id)
+
+    def num_oom_kills(self) -> int:
+        """Cumulative OOM kills anywhere in the domain."""
+        mem = self._memory_dir
+        if self.version is CgroupVersion.V2:  # memory.events is hierarchical on v2
+            return read_keyed(mem / "memory.events").get("oom_kill", 0)
+        # v1 counts a kill in the victim's own cgroup only: add the children to the domain.
+        own = read_keyed(mem / "memory.oom_control").get("oom_kill", 0)
+        return own + sum(c.reading().num_oom_kills for c in self._present())
 
     def remove(self) -> None:
         """Remove every child (killing its processes), then the domain (idempotent)."""
-        for child in list(self._children.values()):
+        by_dir = {c.dirs["memory"]: c for c in self._children.values() if "memory" in c.dirs}
+        for rel in self._descendant_paths():  # deepest first: rmdir needs empty children
+            dirs = {c: d for c, d in self._dirs(rel).items() if d.is_dir()}
+            child = by_dir.get(dirs.get("memory", Path())) or SandboxCgroup(rel, self.layout, dirs)
             child.remove()
         self._children.clear()
-        SandboxCgroup(self.name, self.layout, self._dirs("")).remove()
+        self._self_cgroup().remove()
+        logger.info("removed workload domain %s", self.name)
+
+    def _descendant_paths(self) -> list[str]:
+        found: set[str] = set()
+        for top in set(self._dirs("").values()):
+            for parent, subdirs, _ in os.walk(top):
+                found |= {os.path.relpath(os.path.join(parent, d), top) for d in subdirs}
+        return sorted(found, key=lambda rel: rel.count("/"), reverse=True)

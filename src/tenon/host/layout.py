@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tenon.errors import CgroupUnavailable
+from tenon.host.cgroupfs import CgroupIO, KernelIO
 from tenon.host.types import CgroupVersion
 
 V1_CONTROLLERS = ("memory", "freezer", "pids", "cpu", "cpuacct")
@@ -13,11 +14,15 @@ V1_CONTROLLERS = ("memory", "freezer", "pids", "cpu", "cpuacct")
 
 @dataclass(frozen=True)
 class CgroupLayout:
+    """Where each controller lives, and what is missing (each entry names its fix)."""
+
     version: CgroupVersion
     root: Path
     # v1: controller -> its hierarchy's mount; v2: every controller -> the one root
     mounts: dict[str, Path] = field(default_factory=dict)
-    missing: tuple[str, ...] = ()
+    missing: list[str] = field(default_factory=list)
+    # the seam for writes, mkdir/rmdir and signals; a fake tree supplies its own
+    io: CgroupIO = field(default_factory=KernelIO, compare=False, repr=False)
 
     @property
     def controllers(self) -> tuple[str, ...]:
@@ -35,8 +40,9 @@ def detect_layout(cgroup_root: Path = Path("/sys/fs/cgroup")) -> CgroupLayout:
                 f"{' '.join(names) or 'empty'}); enable it with: echo +memory > "
                 f"{cgroup_root}/cgroup.subtree_control"
             )
-        missing = tuple(f"v2 controller {c} not available" for c in ("pids", "cpu")
-                        if c not in names)
+        missing = [f"v2 controller {c} not available at {cgroup_root}; enable it in the "
+                   f"parent's cgroup.subtree_control or boot with it" for c in ("pids", "cpu")
+                   if c not in names]
         return CgroupLayout(CgroupVersion.V2, cgroup_root,
                             {n: cgroup_root for n in names}, missing)
     mounts = {c: cgroup_root / c for c in V1_CONTROLLERS
@@ -46,6 +52,7 @@ def detect_layout(cgroup_root: Path = Path("/sys/fs/cgroup")) -> CgroupLayout:
             f"no cgroup memory controller under {cgroup_root} (neither v2 cgroup.controllers "
             f"nor a v1 memory hierarchy); mount one, e.g.: mount -t cgroup2 none {cgroup_root}"
         )
-    missing = tuple(f"v1 controller {c} not mounted at {cgroup_root / c}"
-                    for c in V1_CONTROLLERS if c not in mounts)
+    missing = [f"v1 controller {c} not mounted at {cgroup_root / c}; fix: mkdir -p "
+               f"{cgroup_root / c} && mount -t cgroup -o {c} cgroup {cgroup_root / c}"
+               for c in V1_CONTROLLERS if c not in mounts]
     return CgroupLayout(CgroupVersion.V1, cgroup_root, mounts, missing)

@@ -49,3 +49,14 @@ class OomEvent:
 
     sandbox_id: str
     num_kills: int  # kills seen in this sandbox since the previous poll
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """One process as /proc shows it from the host's pid namespace."""
+
+    pid: int
+    ppid: int
+    sid: int  # session id
+    pgid: int  # process group id
+    command: str  # argv joined by spaces (comm in brackets for zombies and kernel threads)

@@ -1,0 +1,201 @@
+"""One sandbox's cgroup: readings, limits, the freezer gate, kill and remove (v1 and v2)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tenon.errors import CgroupUnavailable, ConfigError, HostError
+from tenon.host.cgroupfs import read_int, read_keyed, read_text
+from tenon.host.layout import CgroupLayout
+from tenon.host.psi import read_pressure
+from tenon.host.types import CgroupVersion, GateResult, MemoryReading, PressureReading
+
+logger = logging.getLogger(__name__)
+
+UNLIMITED_V1_BYTES = 1 << 62  # v1 reports "no limit" as a huge page-aligned number
+FREEZE_TIMEOUT_S = 5.0
+_POLL_S = 0.0005
+_V1_FROZEN, _V1_THAWED = "FROZEN", "THAWED"  # "FREEZING" is the transition in between
+
+
+@dataclass
+class SandboxCgroup:
+    """One sandbox's cgroup: a directory per v1 controller, or one v2 directory."""
+
+    sandbox_id: str
+    layout: CgroupLayout
+    dirs: dict[str, Path]  # controller -> directory (v2: every controller -> the same dir)
+    _seen_oom_kills: int = field(default=0)
+
+    @property
+    def _v1(self) -> bool:
+        return self.layout.version is CgroupVersion.V1
+
+    def _dir(self, controller: str) -> Path:
+        try:
+            return self.dirs[controller]
+        except KeyError:
+            raise CgroupUnavailable(
+                f"controller {controller} is not available for {self.sandbox_id} "
+                f"({'; '.join(self.layout.missing) or 'not in this layout'})"
+            ) from None
+
+    def exists(self) -> bool:
+        return any(d.is_dir() for d in self.dirs.values())
+
+    def procs_files(self) -> list[Path]:
+        """Every cgroup.procs a new process must be written into (one per v1 hierarchy)."""
+        return sorted({d / "cgroup.procs" for d in self.dirs.values()})
+
+    def add_pid(self, pid: int) -> None:
+        for procs in self.procs_files():
+            self.layout.io.write(procs, str(pid))
+
+    def pids(self) -> list[int]:
+        """Processes in the cgroup (from the memory controller's view)."""
+        # A leftover may lack the memory hierarchy (v1); any hierarchy lists its tasks.
+        views = [self.dirs[c] for c in sorted(self.dirs, key=lambda c: c != "memory")]
+        view = next((d for d in views if d.is_dir()), None) or self._dir("memory")
+        return [int(p) for p in read_text(view / "cgroup.procs").split()]
+
+    def set_max_pids(self, max_pids: int | None) -> None:
+        """Cap the number of tasks (None = unlimited)."""
+        if max_pids is not None and max_pids < 1:
+            raise ConfigError(f"max_pids must be at least 1, got {max_pids}")
+        value = "max" if max_pids is None else str(max_pids)
+        self.layout.io.write(self._dir("pids") / "pids.max", value)
+
+    def set_cpu_quota(self, fraction: float | None) -> None:
+        """Cap CPU time at `fraction` of one CPU per period (2.0 = two CPUs; None = unlimited)."""
+        if fraction is not None and not fraction > 0:
+            raise ConfigError(f"cpu quota must be a positive fraction of a CPU, got {fraction}")
+        cpu = self._dir("cpu")
+        if self._v1:
+            period_us = read_int(cpu / "cpu.cfs_period_us")
+            quota_us = -1 if fraction is None else max(1000, round(fraction * period_us))
+            self.layout.io.write(cpu / "cpu.cfs_quota_us", str(quota_us))
+            return
+        period_us = int(read_text(cpu / "cpu.max").split()[1])
+        quota = "max" if fraction is None else str(max(1000, round(fraction * period_us)))
+        self.layout.io.write(cpu / "cpu.max", f"{quota} {period_us}")
+
+    def set_memory_high(self, high_bytes: int | None) -> None:
+        """v2 memory.high: throttle and reclaim above it (None = max). v1 has no equivalent."""
+        if self._v1:
+            raise CgroupUnavailable("memory.high needs cgroup v2; v1 has only hard limits")
+        if high_bytes is not None and high_bytes < 0:
+            raise ConfigError(f"memory.high must not be negative, got {high_bytes}")
+        value = "max" if high_bytes is None else str(high_bytes)
+        self.layout.io.write(self._dir("memory") / "memory.high", value)
+
+    def reading(self) -> MemoryReading:
+        mem = self._dir("memory")
+        if self._v1:
+            usage_file = mem / "memory.memsw.usage_in_bytes"
+            if not usage_file.exists():
+                usage_file = mem / "memory.usage_in_bytes"
+            peak_file = mem / "memory.memsw.max_usage_in_bytes"
+            if not peak_file.exists():
+                peak_file = mem / "memory.max_usage_in_bytes"
+            limit = read_int(mem / "memory.limit_in_bytes")
+            cpu_s = read_int(self._dir("cpuacct") / "cpuacct.usage") / 1e9
+            ooms = read_keyed(mem / "memory.oom_control").get("oom_kill", 0)
+            return MemoryReading(read_int(usage_file), read_int(peak_file),
+                                 None if limit >= UNLIMITED_V1_BYTES else limit, cpu_s, ooms)
+        usage = read_int(mem / "memory.current")
+        swap = mem / "memory.swap.current"
+        if swap.exists():
+            usage += read_int(swap)
+        peak_file = mem / "memory.peak"  # absent before Linux 5.19
+        peak = max(read_int(peak_file), usage) if peak_file.exists() else usage
+        limit_text = read_text(mem / "memory.max").strip()
+        cpu_stat = mem / "cpu.stat"  # present even when the cpu controller is not enabled
+        cpu_s = read_keyed(cpu_stat).get("usage_usec", 0) / 1e6 if cpu_stat.exists() else 0.0
+        ooms = read_keyed(mem / "memory.events").get("oom_kill", 0)
+        limit = None if limit_text == "max" else int(limit_text)
+        return MemoryReading(usage, peak, limit, cpu_s, ooms)
+
+    def pressure(self) -> PressureReading | None:
+        """This cgroup's memory PSI (v2 only; None on v1 or without PSI)."""
+        if self._v1:
+            return None
+        return read_pressure(self._dir("memory") / "memory.pressure")
+
+    def new_oom_kills(self) -> int:
+        """OOM kills in this cgroup since the previous call."""
+        total = self.reading().num_oom_kills
+        fresh, self._seen_oom_kills = total - self._seen_oom_kills, total
+        return max(fresh, 0)
+
+    def is_frozen(self) -> bool:
+        if self._v1:
+            return read_text(self._dir("freezer") / "freezer.state").strip() == _V1_FROZEN
+        return read_keyed(self._dir("memory") / "cgroup.events").get("frozen", 0) == 1
+
+    def _set_frozen(self, frozen: bool, timeout_s: float) -> GateResult:
+        start = time.perf_counter()
+        if self.is_frozen() == frozen:
+            return GateResult(frozen, False, time.perf_counter() - start)
+        if self._v1:
+            target = self._dir("freezer") / "freezer.state"
+            self.layout.io.write(target, _V1_FROZEN if frozen else _V1_THAWED)
+        else:
+            target = self._dir("memory") / "cgroup.freeze"
+            self.layout.io.write(target, "1" if frozen else "0")
+        while self.is_frozen() != frozen:
+            if time.perf_counter() - start > timeout_s:
+                raise HostError(f"cgroup of {self.sandbox_id} did not reach frozen={frozen} "
+                                f"within {timeout_s} s after writing {target}")
+            time.sleep(_POLL_S)
+        elapsed_s = time.perf_counter() - start
+        logger.debug("sandbox %s frozen=%s in %.4f s", self.sandbox_id, frozen, elapsed_s)
+        return GateResult(frozen, True, elapsed_s)
+
+    def freeze(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
+        """Deny execution: the cgroup's processes stop (idempotent)."""
+        return self._set_frozen(True, timeout_s)
+
+    def thaw(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
+        """Allow execution again (idempotent)."""
+        return self._set_frozen(False, timeout_s)
+
+    def kill_all(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL every process until the cgroup is empty."""
+        if not self.exists():
+            return
+        io = self.layout.io
+        # Signal first, then thaw: a frozen task keeps the SIGKILL pending and dies as soon as
+        # it is thawed, so nothing in the cgroup gets to run (or fork) in between.
+        for pid in self.pids():
+            io.kill(pid, signal.SIGKILL)
+        gate = self.dirs.get("freezer") if self._v1 else self.dirs.get("memory")
+        if gate is not None and gate.is_dir():
+            self.thaw()
+        deadline = time.monotonic() + timeout_s
+        while pids := self.pids():
+            for pid in pids:
+                io.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise HostError(f"cgroup of {self.sandbox_id} still has pids {pids} "
+                                f"after {timeout_s} s of SIGKILL")
+            time.sleep(0.005)
+
+    def remove(self) -> None:
+        """Kill everything and remove the cgroup directories (idempotent)."""
+        self.kill_all()
+        for directory in sorted(set(self.dirs.values()), reverse=True):
+            for _ in range(200):  # rmdir can race the exit of the last task
+                try:
+                    self.layout.io.rmdir(directory)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+            else:
+                raise HostError(f"cannot remove cgroup {directory}: still busy after 2 s")
+        logger.debug("removed cgroup of %s", self.sandbox_id)
