@@ -28,8 +28,12 @@ estimates_st = st.dictionaries(
 
 
 @settings(max_examples=300, deadline=None)
-@given(estimates=estimates_st, level=st.sampled_from(list(Pressure)),
-       headroom=st.integers(0, 4096 * MIB), b=st.integers(1, 4))
+@given(
+    estimates=estimates_st,
+    level=st.sampled_from(list(Pressure)),
+    headroom=st.integers(0, 4096 * MIB),
+    b=st.integers(1, 4),
+)
 def test_gate_invariants(estimates, level, headroom, b):
     decision = decide_gate(estimates, level, headroom, 10.0, CONFIG, budget_b=b, denied_since={})
     assert decision.allowed | decision.denied == set(estimates)
@@ -44,11 +48,13 @@ def test_gate_invariants(estimates, level, headroom, b):
 
 def test_recently_denied_sandbox_waits_before_reconsideration():
     estimates = {"a": make_estimate("a")}
-    held = decide_gate(estimates, Pressure.YELLOW, 4096 * MIB, 10.0, CONFIG, budget_b=4,
-                       denied_since={"a": 9.5})
+    held = decide_gate(
+        estimates, Pressure.YELLOW, 4096 * MIB, 10.0, CONFIG, budget_b=4, denied_since={"a": 9.5}
+    )
     assert held.denied == {"a"}
-    later = decide_gate(estimates, Pressure.YELLOW, 4096 * MIB, 10.6, CONFIG, budget_b=4,
-                        denied_since={"a": 9.5})
+    later = decide_gate(
+        estimates, Pressure.YELLOW, 4096 * MIB, 10.6, CONFIG, budget_b=4, denied_since={"a": 9.5}
+    )
     assert later.allowed == {"a"}
 
 

@@ -95,9 +95,7 @@ class AdmissionController:
         return len(self._heavy) + len(self._light)
 
     def submit(self, req: ActionRequest) -> None:
-        if req.action_id in self._charges or any(
-            q.action_id == req.action_id for q in self.queued
-        ):
+        if req.action_id in self._charges or any(q.action_id == req.action_id for q in self.queued):
             raise ValueError(f"action {req.action_id!r} is already queued or admitted")
         queue = self._heavy if is_heavy(req.prediction, self._config) else self._light
         queue.append(req)

@@ -17,40 +17,54 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     control_period_s: float = Field(
-        0.1, gt=0.0, le=10.0, description="Sampling and control period of the execution loop."
+        default=0.1,
+        gt=0.0,
+        le=10.0,
+        description="Sampling and control period of the execution loop.",
     )
     horizon_s: float = Field(
-        1.0, gt=0.0, le=60.0, description="Horizon over which a sandbox's growth is projected."
+        default=1.0,
+        gt=0.0,
+        le=60.0,
+        description="Horizon over which a sandbox's growth is projected.",
     )
     ewma_alpha: float = Field(
-        0.35, gt=0.0, le=1.0, description="EWMA weight of the newest valid growth sample."
+        default=0.35, gt=0.0, le=1.0, description="EWMA weight of the newest valid growth sample."
     )
     resident_band_bytes_per_s: float = Field(
-        4 * MIB,
+        default=4 * MIB,
         ge=0.0,
         description="Growth rate at or below which a sandbox counts as Resident (not growing).",
     )
     bootstrap_demand_bytes: int = Field(
-        16 * MIB,
+        default=16 * MIB,
         ge=0,
         description="Projected demand assumed for a sandbox until its first valid sample.",
     )
     safety_margin_bytes: int = Field(
-        256 * MIB, ge=0, description="S in H = max(limit - usage - S, 0)."
+        default=256 * MIB, ge=0, description="S in H = max(limit - usage - S, 0)."
     )
-    yellow_b0: int = Field(1, ge=1, description="Initial number of growing sandboxes under yellow.")
-    yellow_bmax: int = Field(4, ge=1, description="Upper bound of the AIMD yellow budget b.")
+    yellow_b0: int = Field(
+        default=1, ge=1, description="Initial number of growing sandboxes under yellow."
+    )
+    yellow_bmax: int = Field(
+        default=4, ge=1, description="Upper bound of the AIMD yellow budget b."
+    )
     aimd_increase_after_s: float = Field(
-        5.0, gt=0.0, description="Continuous green time that earns b one more slot (+1)."
+        default=5.0, gt=0.0, description="Continuous green time that earns b one more slot (+1)."
     )
     min_denial_wait_s: float = Field(
-        1.0, ge=0.0, description="A denied sandbox stays denied at least this long (unless green)."
+        default=1.0,
+        ge=0.0,
+        description="A denied sandbox stays denied at least this long (unless green).",
     )
     overdue_after_s: float = Field(
-        3.0, ge=0.0, description="A sandbox denied this long is considered before all others."
+        default=3.0,
+        ge=0.0,
+        description="A sandbox denied this long is considered before all others.",
     )
     cooling_after_s: float = Field(
-        2.0,
+        default=2.0,
         ge=0.0,
         description=(
             "A sandbox whose estimate fell into the resident band within this long after "
@@ -58,21 +72,26 @@ class PolicyConfig(BaseModel):
         ),
     )
     red_fraction: float = Field(
-        0.125, ge=0.0, le=1.0, description="Red region: lowest fraction of the budget as headroom."
+        default=0.125,
+        ge=0.0,
+        le=1.0,
+        description="Red region: lowest fraction of the budget as headroom.",
     )
     yellow_fraction: float = Field(
-        0.125, ge=0.0, le=1.0, description="Yellow region: the next fraction above red."
+        default=0.125, ge=0.0, le=1.0, description="Yellow region: the next fraction above red."
     )
     admission_window_bytes: int | None = Field(
-        None,
+        default=None,
         gt=0,
         description="Admission water-level window W; None means equal to the budget.",
     )
     heavy_peak_bytes: int = Field(
-        1024 * MIB, ge=0, description="An action whose predicted peak exceeds this is heavy."
+        default=1024 * MIB,
+        ge=0,
+        description="An action whose predicted peak exceeds this is heavy.",
     )
     heavy_credit_rate_bytes_per_s: float = Field(
-        64 * MIB,
+        default=64 * MIB,
         ge=0.0,
         description=(
             "beta: bytes per second of protected credit the oldest queued heavy action "
@@ -81,17 +100,17 @@ class PolicyConfig(BaseModel):
         ),
     )
     lifecycle_limit: int = Field(
-        2, ge=1, description="At most this many teardowns/rebuilds in flight at once."
+        default=2, ge=1, description="At most this many teardowns/rebuilds in flight at once."
     )
     teardown_cost_s: float = Field(
-        1.0, ge=0.0, description="Expected time to capture and destroy an idle sandbox."
+        default=1.0, ge=0.0, description="Expected time to capture and destroy an idle sandbox."
     )
     rebuild_cost_s: float = Field(
-        2.0, ge=0.0, description="Expected time to rematerialize a sandbox from its record."
+        default=2.0, ge=0.0, description="Expected time to rematerialize a sandbox from its record."
     )
 
     agentcgroup_high_ratio: float = Field(
-        0.25,
+        default=0.25,
         gt=0.0,
         le=1.0,
         description=(
@@ -100,7 +119,7 @@ class PolicyConfig(BaseModel):
         ),
     )
     agentcgroup_low_high_mark_bytes: int = Field(
-        400 * MIB,
+        default=400 * MIB,
         gt=0,
         description="AgentCgroup baseline: memory high-water mark given to Low sandboxes.",
     )

@@ -83,7 +83,11 @@ def decide_gate(
     """Decide who runs for the next control period; O(n log n), one sort."""
     if level is Pressure.GREEN:
         return GateDecision(
-            frozenset(estimates), frozenset(), budget_b, level, headroom_bytes,
+            frozenset(estimates),
+            frozenset(),
+            budget_b,
+            level,
+            headroom_bytes,
             dict.fromkeys(estimates, "green: all allowed"),
         )
     slots = budget_b if level is Pressure.YELLOW else 1
@@ -126,9 +130,8 @@ def decide_gate(
             num_admitted += 1
             allowed.append(sid)
             kind = "probe" if level is Pressure.RED else f"slot {num_admitted}/{slots}"
-            reasons[sid] = (
-                f"{level.name.lower()} {kind}: demand {demand} B fits"
-                + ("" if not_overdue else " (overdue)")
+            reasons[sid] = f"{level.name.lower()} {kind}: demand {demand} B fits" + (
+                "" if not_overdue else " (overdue)"
             )
     return GateDecision(
         frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons

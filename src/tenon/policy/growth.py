@@ -110,7 +110,10 @@ class GrowthEstimator:
             )
             if not valid or prev is None:
                 self._estimates[sid] = GrowthEstimate(
-                    sid, old.rate_bytes_per_s, old.last_growth_at, cur.allowed,
+                    sid,
+                    old.rate_bytes_per_s,
+                    old.last_growth_at,
+                    cur.allowed,
                     old.num_valid_intervals,
                 )
                 continue

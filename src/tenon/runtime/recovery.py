@@ -1,0 +1,283 @@
+"""The recovery store: one durable record per logical agent, in SQLite.
+
+A record says which physical incarnation (generation) an agent is on, whether that
+sandbox is resident, torn down or blocked, and everything needed to rebuild it: the
+workspace manifest digest, base image, backend name and backend config. Teardown
+commits the record *before* destroying anything, so after a crash either the sandbox
+is alive or the record describes how to rebuild it.
+
+The database runs in WAL mode with synchronous=FULL: a commit returns only after the
+WAL is fsynced, so a committed teardown survives power loss. Every write is one
+`BEGIN IMMEDIATE` transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tenon.errors import RecoveryError
+from tenon.runtime.workspace import Manifest
+
+logger = logging.getLogger(__name__)
+
+STATES = ("resident", "torn_down", "blocked")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    agent_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL CHECK (generation >= 0),
+    manifest_digest TEXT,
+    manifest_json TEXT,
+    base_image TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    backend_config_json TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('resident', 'torn_down', 'blocked')),
+    reason TEXT,
+    updated_at REAL NOT NULL
+)
+"""
+_COLUMNS = (
+    "agent_id, generation, manifest_digest, manifest_json, base_image, backend, "
+    "backend_config_json, state, reason, updated_at"
+)
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """A committed record; `manifest_digest` is None until the first teardown."""
+
+    agent_id: str
+    generation: int
+    manifest_digest: str | None
+    base_image: str
+    backend: str
+    backend_config: Mapping[str, Any] = field(default_factory=dict)
+    state: str = "resident"
+    reason: str | None = None  # why the agent is blocked
+    updated_at: float = 0.0  # wall-clock seconds (persisted across restarts)
+    manifest: Manifest | None = None  # the manifest behind the digest, when stored
+
+
+def _encode_config(config: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise RecoveryError(f"backend config is not JSON-serializable: {exc}") from exc
+
+
+class RecoveryStore:
+    """Recovery records in `db_path`; safe to reopen after a controller restart."""
+
+    def __init__(self, db_path: Path, *, wall_clock: Callable[[], float] = time.time) -> None:
+        self._path = Path(db_path)
+        self._wall_clock = wall_clock
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: transactions are explicit, so nothing commits by accident.
+            self._db = sqlite3.connect(self._path, isolation_level=None)
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise RecoveryError(f"{self._path}: SQLite refused WAL mode (got {mode!r})")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise RecoveryError(f"cannot open recovery store {self._path}: {exc}") from exc
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise RecoveryError(f"{self._path}: cannot begin a transaction: {exc}") from exc
+        try:
+            yield self._db
+        except sqlite3.Error as exc:
+            self._db.execute("ROLLBACK")
+            raise RecoveryError(f"{self._path}: write failed: {exc}") from exc
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._db.execute("ROLLBACK")
+            raise RecoveryError(f"{self._path}: commit failed: {exc}") from exc
+
+    def register(
+        self, agent_id: str, image: str, backend: str, config: Mapping[str, Any] | None = None
+    ) -> RecoveryRecord:
+        """Record a new agent whose first sandbox (generation 1) is resident.
+
+        An existing record is left untouched and returned: registering is idempotent.
+        """
+        config_json = _encode_config(config or {})
+        with self._transaction() as db:
+            db.execute(
+                f"INSERT INTO records ({_COLUMNS}) VALUES (?, 1, NULL, NULL, ?, ?, ?, "
+                "'resident', NULL, ?) ON CONFLICT(agent_id) DO NOTHING",
+                (agent_id, image, backend, config_json, self._wall_clock()),
+            )
+        return self._require(agent_id)
+
+    def commit_teardown(
+        self,
+        agent_id: str,
+        generation: int,
+        digest: str,
+        image: str,
+        backend: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        manifest: Manifest | None = None,
+    ) -> RecoveryRecord:
+        """Durably record that generation `generation` may be destroyed and how to rebuild it."""
+        if manifest is not None and manifest.digest != digest:
+            raise RecoveryError(
+                f"agent {agent_id}: manifest digest {manifest.digest} "
+                f"does not match the digest being committed {digest}"
+            )
+        config_json = _encode_config(config or {})
+        manifest_json = manifest.to_json() if manifest is not None else None
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT generation FROM records WHERE agent_id = ?", (agent_id,)
+            ).fetchone()
+            if row is not None and generation < row[0]:
+                raise RecoveryError(
+                    f"agent {agent_id}: refusing to commit generation "
+                    f"{generation} over committed generation {row[0]}"
+                )
+            db.execute(
+                f"INSERT INTO records ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 'torn_down', "
+                "NULL, ?) ON CONFLICT(agent_id) DO UPDATE SET generation=excluded.generation, "
+                "manifest_digest=excluded.manifest_digest, manifest_json=excluded.manifest_json, "
+                "base_image=excluded.base_image, backend=excluded.backend, "
+                "backend_config_json=excluded.backend_config_json, state='torn_down', "
+                "reason=NULL, updated_at=excluded.updated_at",
+                (
+                    agent_id,
+                    generation,
+                    digest,
+                    manifest_json,
+                    image,
+                    backend,
+                    config_json,
+                    self._wall_clock(),
+                ),
+            )
+        logger.info(
+            "agent %s: committed teardown of generation %d (digest %s)",
+            agent_id,
+            generation,
+            digest[:12],
+        )
+        return self._require(agent_id)
+
+    def mark_resident(self, agent_id: str, generation: int) -> RecoveryRecord:
+        """Record that generation `generation` is materialized and verified."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT generation FROM records WHERE agent_id = ?", (agent_id,)
+            ).fetchone()
+            if row is None:
+                raise RecoveryError(f"agent {agent_id} has no recovery record")
+            if generation < row[0]:
+                raise RecoveryError(
+                    f"agent {agent_id}: generation {generation} is older "
+                    f"than committed generation {row[0]}"
+                )
+            db.execute(
+                "UPDATE records SET generation = ?, state = 'resident', reason = NULL, "
+                "updated_at = ? WHERE agent_id = ?",
+                (generation, self._wall_clock(), agent_id),
+            )
+        return self._require(agent_id)
+
+    def mark_blocked(self, agent_id: str, reason: str) -> RecoveryRecord:
+        """Block the agent; generation, digest and config stay as committed for a retry."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE records SET state = 'blocked', reason = ?, updated_at = ? "
+                "WHERE agent_id = ?",
+                (reason, self._wall_clock(), agent_id),
+            )
+            if cursor.rowcount != 1:
+                raise RecoveryError(f"agent {agent_id} has no recovery record to block")
+        logger.warning("agent %s blocked: %s", agent_id, reason)
+        return self._require(agent_id)
+
+    def delete(self, agent_id: str) -> None:
+        """Forget the agent (its workflow finished)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM records WHERE agent_id = ?", (agent_id,))
+
+    def get(self, agent_id: str) -> RecoveryRecord | None:
+        try:
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM records WHERE agent_id = ?", (agent_id,)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise RecoveryError(f"{self._path}: cannot read record {agent_id}: {exc}") from exc
+        return None if row is None else self._from_row(row)
+
+    def all(self) -> list[RecoveryRecord]:
+        """Every record, sorted by agent id."""
+        try:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM records ORDER BY agent_id").fetchall()
+        except sqlite3.Error as exc:
+            raise RecoveryError(f"{self._path}: cannot read records: {exc}") from exc
+        return [self._from_row(row) for row in rows]
+
+    def _require(self, agent_id: str) -> RecoveryRecord:
+        record = self.get(agent_id)
+        if record is None:
+            raise RecoveryError(f"agent {agent_id} has no recovery record")
+        return record
+
+    def _from_row(self, row: tuple[Any, ...]) -> RecoveryRecord:
+        (
+            agent_id,
+            generation,
+            digest,
+            manifest_json,
+            image,
+            backend,
+            config_json,
+            state,
+            reason,
+            updated_at,
+        ) = row
+        try:
+            config = json.loads(config_json)
+            manifest = Manifest.from_json(manifest_json) if manifest_json else None
+        except (ValueError, OSError) as exc:
+            raise RecoveryError(f"agent {agent_id}: corrupt recovery record: {exc}") from exc
+        if manifest is not None and manifest.digest != digest:
+            raise RecoveryError(f"agent {agent_id}: stored manifest does not match its digest")
+        return RecoveryRecord(
+            agent_id=agent_id,
+            generation=generation,
+            manifest_digest=digest,
+            base_image=image,
+            backend=backend,
+            backend_config=config,
+            state=state,
+            reason=reason,
+            updated_at=updated_at,
+            manifest=manifest,
+        )

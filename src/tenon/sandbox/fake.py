@@ -1,0 +1,220 @@
+"""A fake sandbox backend: no OS resources, scripted results, injectable faults.
+
+Serves tests, the simulator and demos. An exec is answered from a script: either one
+callable used for every command, or a queue of steps consumed one per command (a step
+is an `ExecResult` or a callable). A callable receives the sandbox and the command and
+may really touch `sandbox.spec.workspace`, so workspace round trips are meaningful. When
+a queue runs out, exec raises `FakeScriptExhausted` instead of inventing a result.
+
+Faults are named by operation ("materialize", "exec", "processes", "changed_paths",
+"destroy"). `fail_on` takes either names (fail every time) or a mapping from name to a
+count (fail that many times, then succeed), so retry paths can be driven exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+
+from tenon.errors import SandboxDied, SandboxError, SandboxFrozen
+from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+FAULT_POINTS = frozenset({"materialize", "exec", "processes", "changed_paths", "destroy"})
+
+# What a scripted step may return: a full result, an output string (exit 0), an exit
+# code (no output), or None (exit 0, no output).
+StepReturn = ExecResult | str | int | None
+ExecStep = Callable[["FakeSandbox", str], StepReturn]
+Script = ExecStep | Iterable[ExecResult | ExecStep]
+
+
+class FakeScriptExhausted(SandboxError):
+    """A fake sandbox was asked to exec a command its script has no step for."""
+
+
+class InjectedFault(SandboxError):
+    """A failure injected on purpose through `fail_on`."""
+
+
+class Faults:
+    """Which operations fail, and how many more times (None: forever)."""
+
+    def __init__(self, fail_on: Iterable[str] | Mapping[str, int] = ()) -> None:
+        self._remaining: dict[str, int | None] = {}
+        if isinstance(fail_on, Mapping):
+            for name, count in fail_on.items():
+                self.set(name, count)
+        else:
+            for name in fail_on:
+                self.set(name, None)
+
+    def set(self, name: str, count: int | None = None) -> None:
+        """Make `name` fail `count` more times (None: until cleared)."""
+        if name not in FAULT_POINTS:
+            raise ValueError(f"unknown fault point {name!r}; known: {sorted(FAULT_POINTS)}")
+        if count is not None and count < 0:
+            raise ValueError(f"fault count for {name!r} must be >= 0, got {count}")
+        self._remaining[name] = count
+
+    def clear(self, name: str | None = None) -> None:
+        """Stop failing `name` (or everything)."""
+        if name is None:
+            self._remaining.clear()
+        else:
+            self._remaining.pop(name, None)
+
+    def hit(self, name: str, where: str) -> None:
+        """Raise InjectedFault if `name` is armed; consume one count."""
+        if name not in self._remaining:
+            return
+        count = self._remaining[name]
+        if count is not None:
+            if count <= 0:
+                del self._remaining[name]
+                return
+            self._remaining[name] = count - 1
+        logger.debug("injecting fault at %s (%s)", name, where)
+        raise InjectedFault(f"injected fault at {name} ({where})")
+
+
+def _normalize(value: StepReturn, max_output_bytes: int) -> ExecResult:
+    if isinstance(value, ExecResult):
+        return value
+    if value is None:
+        return ExecResult(exit_code=0, output="", truncated=False, duration_s=0.0)
+    if isinstance(value, bool):  # bool is an int; refuse the ambiguity
+        raise TypeError("a fake exec step returned a bool; return an exit code or output")
+    if isinstance(value, int):
+        return ExecResult(exit_code=value, output="", truncated=False, duration_s=0.0)
+    data = value.encode()
+    truncated = len(data) > max_output_bytes
+    output = data[:max_output_bytes].decode(errors="replace") if truncated else value
+    return ExecResult(exit_code=0, output=output, truncated=truncated, duration_s=0.0)
+
+
+class FakeSandbox:
+    """A live fake sandbox. Leftover processes and outside writes are plain attributes."""
+
+    def __init__(
+        self, spec: SandboxSpec, backend: FakeBackend, script: Script | None = None
+    ) -> None:
+        self._spec = spec
+        self._backend = backend
+        self._callable: ExecStep | None = None
+        self._queue: deque[ExecResult | ExecStep] = deque()
+        self.set_script(script)
+        self.leftover_processes: list[ProcessInfo] = []
+        self.changed_paths: list[str] | None = []
+        self.frozen = False
+        self.destroyed = False
+        self.commands: list[str] = []
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    @property
+    def cgroup_name(self) -> str:
+        return f"fake-{self._spec.sandbox_id}"
+
+    def set_script(self, script: Script | None) -> None:
+        """Replace the script: one callable for all commands, or a queue of steps."""
+        self._queue.clear()
+        self._callable = None
+        if script is None:
+            return
+        if callable(script):
+            self._callable = script
+        else:
+            self._queue.extend(script)
+
+    def push(self, *steps: ExecResult | ExecStep) -> None:
+        """Append steps to the queue."""
+        self._queue.extend(steps)
+
+    async def exec(
+        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+    ) -> ExecResult:
+        if self.destroyed:
+            raise SandboxDied(f"fake sandbox {self._spec.sandbox_id} was destroyed")
+        if self.frozen:
+            raise SandboxFrozen(f"fake sandbox {self._spec.sandbox_id} is frozen")
+        self._backend.faults.hit("exec", self._spec.sandbox_id)
+        self.commands.append(command)
+        if self._callable is not None:
+            step: ExecResult | ExecStep = self._callable
+        elif self._queue:
+            step = self._queue.popleft()
+        else:
+            raise FakeScriptExhausted(
+                f"fake sandbox {self._spec.sandbox_id} has no scripted step for "
+                f"command {command!r} (ran {len(self.commands) - 1} before)"
+            )
+        value = step if isinstance(step, ExecResult) else step(self, command)
+        return _normalize(value, max_output_bytes)
+
+    def processes(self) -> list[ProcessInfo]:
+        self._backend.faults.hit("processes", self._spec.sandbox_id)
+        return list(self.leftover_processes)
+
+    def changed_paths_outside_workspace(self) -> list[str] | None:
+        self._backend.faults.hit("changed_paths", self._spec.sandbox_id)
+        return None if self.changed_paths is None else list(self.changed_paths)
+
+    async def destroy(self) -> None:
+        if self.destroyed:
+            return
+        self._backend.faults.hit("destroy", self._spec.sandbox_id)
+        self.destroyed = True
+        self.leftover_processes = []
+        logger.debug("fake sandbox %s destroyed", self._spec.sandbox_id)
+
+
+class FakeBackend:
+    """Materializes FakeSandboxes; records every one it made.
+
+    `script` is the default script each new sandbox gets (a queue is copied per
+    sandbox). `problems` is what `check()` reports.
+    """
+
+    name = "fake"
+
+    def __init__(
+        self,
+        *,
+        script: Script | None = None,
+        fail_on: Iterable[str] | Mapping[str, int] = (),
+        problems: Iterable[str] = (),
+        require_workspace: bool = True,
+    ) -> None:
+        self._script: Script | None = script if script is None or callable(script) else list(script)
+        self.faults = Faults(fail_on)
+        self.problems = list(problems)
+        self.require_workspace = require_workspace
+        self.sandboxes: list[FakeSandbox] = []
+
+    def check(self) -> list[str]:
+        return list(self.problems)
+
+    async def materialize(self, spec: SandboxSpec) -> FakeSandbox:
+        self.faults.hit("materialize", spec.sandbox_id)
+        if self.problems:
+            raise SandboxError(f"fake backend not ready: {'; '.join(self.problems)}")
+        if self.require_workspace and not await asyncio.to_thread(os.path.isdir, spec.workspace):
+            raise SandboxError(f"workspace {spec.workspace} is not a directory")
+        script = (
+            self._script if self._script is None or callable(self._script) else (list(self._script))
+        )
+        sandbox = FakeSandbox(spec, self, script)
+        self.sandboxes.append(sandbox)
+        logger.debug("fake sandbox %s materialized", spec.sandbox_id)
+        return sandbox
+
+    def live(self) -> list[FakeSandbox]:
+        """Sandboxes materialized and not yet destroyed."""
+        return [s for s in self.sandboxes if not s.destroyed]

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenon.policy import (
+    AdmissionController,
+    AimdBudget,
+    ChargeNotHeld,
+    PolicyConfig,
+    Pressure,
+    choose_reclaim,
+    decide_gate,
+)
+from tenon.policy.growth import projected_demand_bytes
+
+from .factories import MIB, make_estimate, make_idle, make_request
+
+CONFIG = PolicyConfig()
+rates = st.one_of(st.none(), st.floats(-64 * MIB, 512 * MIB, allow_nan=False))
+estimates_st = st.lists(st.tuples(rates, st.booleans()), max_size=40)
+levels = st.sampled_from(list(Pressure))
+
+
+def _estimates(items: list[tuple[float | None, bool]]):
+    return {
+        f"sb-{i}": make_estimate(f"sb-{i}", rate, 0.0, allowed)
+        for i, (rate, allowed) in enumerate(items)
+    }
+
+
+@given(
+    estimates_st,
+    levels,
+    st.integers(0, 2048 * MIB),
+    st.integers(1, 4),
+    st.dictionaries(st.sampled_from([f"sb-{i}" for i in range(40)]), st.floats(0, 10)),
+)
+def test_gate_invariants(items, level, headroom, b, denied_since) -> None:
+    ests = _estimates(items)
+    now = 10.0
+    d = decide_gate(ests, level, headroom, now, CONFIG, budget_b=b, denied_since=denied_since)
+    assert d.allowed | d.denied == frozenset(ests)
+    assert not d.allowed & d.denied
+    if level is Pressure.GREEN:
+        assert d.allowed == frozenset(ests)
+        return
+    positive = [projected_demand_bytes(ests[s], CONFIG) for s in d.allowed]
+    positive = [x for x in positive if x > 0]
+    assert sum(positive) <= headroom
+    assert len(positive) <= (1 if level is Pressure.RED else b)
+
+
+@given(st.lists(levels, max_size=60), st.floats(0.05, 3.0))
+def test_aimd_b_bounds_and_halving(seq, dt) -> None:
+    budget = AimdBudget.initial(CONFIG)
+    now = 0.0
+    for level in seq:
+        now += dt
+        nxt = budget.step(level, now, CONFIG)
+        assert 1 <= nxt.b <= CONFIG.yellow_bmax
+        if level > budget.last_level:
+            assert nxt.b == max(1, budget.b // 2)
+        budget = nxt
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 900), st.integers(0, 900)), max_size=30), st.integers(0, 4096)
+)
+def test_charge_released_exactly_once(sizes, headroom_mib) -> None:
+    ac = AdmissionController(CONFIG, 2048 * MIB)
+    for i, (avg, extra) in enumerate(sizes):
+        ac.submit(make_request(f"a{i}", avg_bytes=avg * MIB, peak_bytes=(avg + extra) * MIB))
+    admitted = ac.decide(1.0, headroom_mib * MIB)
+    assert sum(d.charge_bytes for d in admitted) == ac.admitted_total_bytes
+    for d in admitted:
+        assert ac.release(d.action_id) == d.charge_bytes
+        with pytest.raises(ChargeNotHeld):
+            ac.release(d.action_id)
+    assert ac.admitted_total_bytes == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(50, 400), st.integers(1, 5), st.integers(1200, 1900))
+def test_heavy_never_starved_by_light_stream(light_mib, light_duration_steps, heavy_mib) -> None:
+    ac = AdmissionController(CONFIG, 2048 * MIB)
+    ac.submit(make_request("heavy", avg_bytes=heavy_mib * MIB, peak_bytes=heavy_mib * MIB))
+    running: dict[str, int] = {}
+    heavy_admitted_at = None
+    for step in range(2000):
+        now = step * 0.1
+        ac.submit(
+            make_request(
+                f"l{step}", avg_bytes=light_mib * MIB, peak_bytes=light_mib * MIB, ready_at=now
+            )
+        )
+        for aid, end in list(running.items()):
+            if end <= step:
+                ac.release(aid)
+                del running[aid]
+        for d in ac.decide(now, 4096 * MIB):
+            if d.action_id == "heavy":
+                heavy_admitted_at = now
+            else:
+                running[d.action_id] = step + light_duration_steps
+        if heavy_admitted_at is not None:
+            break
+    assert heavy_admitted_at is not None
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2000), st.booleans()), max_size=30),
+    levels,
+    st.integers(0, 8000),
+)
+def test_resident_only_never_reclaimed(boxes, level, needed_mib) -> None:
+    idle = [make_idle(f"sb-{i}", ws * MIB, r) for i, (ws, r) in enumerate(boxes)]
+    chosen = set(choose_reclaim(idle, level, needed_mib * MIB))
+    assert all(b.restartable for b in idle if b.sandbox_id in chosen)
+    if level is Pressure.GREEN:
+        assert not chosen

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from tenon.errors import ConfigError
+from tenon.policy import (
+    GateController,
+    LifecycleSlots,
+    PolicyConfig,
+    Pressure,
+    Residency,
+    ResidencySnapshot,
+    classify_pressure,
+    parse_policy,
+    residency_decision,
+)
+from tenon.policy.bench import bench_gate
+
+from .factories import MIB, make_config, make_idle, make_sample
+
+
+def _run(gate: GateController, ids, steps, level, headroom, start=0.0, grow=32 * MIB):
+    """Fake time loop: every allowed sandbox grows `grow` per second of CPU."""
+    usage = dict.fromkeys(ids, 64 * MIB)
+    cpu = dict.fromkeys(ids, 0.0)
+    allowed = set(ids)
+    decision = None
+    for k in range(steps):
+        now = start + k * 0.1
+        for s in allowed:
+            usage[s] += int(grow * 0.1)
+            cpu[s] += 0.1
+        gate.observe(make_sample(s, now, usage[s], cpu[s], s in allowed) for s in ids)
+        decision = gate.decide(level(now) if callable(level) else level, headroom, now)
+        allowed = set(decision.allowed)
+    return decision
+
+
+def test_synchronized_burst_under_yellow_runs_at_most_b() -> None:
+    gate = GateController(PolicyConfig())
+    ids = [f"sb-{i}" for i in range(20)]
+    d = _run(gate, ids, 30, Pressure.YELLOW, 1024 * MIB)
+    assert d is not None
+    assert len(d.allowed) <= d.budget_b == gate.aimd.b
+
+
+def test_growing_sandbox_held_under_red_while_one_probe_runs() -> None:
+    gate = GateController(PolicyConfig())
+    d = _run(gate, ["a", "b", "c"], 30, Pressure.RED, 512 * MIB)
+    assert d is not None
+    assert len(d.allowed) == 1
+    assert len(d.denied) == 2
+
+
+def test_recovery_to_green_grows_b_back() -> None:
+    config = PolicyConfig()
+    gate = GateController(config)
+    gate.decide(Pressure.GREEN, 0, 0.0)
+    for t in range(1, 16):
+        gate.decide(Pressure.GREEN, 0, float(t))
+    assert gate.aimd.b == 4  # 1 + 3 steps of 5 s
+    gate.decide(Pressure.YELLOW, 0, 16.0)
+    assert gate.aimd.b == 2
+    gate.decide(Pressure.RED, 0, 16.1)
+    assert gate.aimd.b == 1
+    ids = ["x", "y", "z"]
+    d = _run(gate, ids, 60, Pressure.GREEN, 0, start=17.0)
+    assert d is not None
+    assert gate.aimd.b == 2  # +1 after 5 s of continuous green
+    assert d.allowed == frozenset(ids)
+
+
+def test_ewma_ignores_invalid_intervals() -> None:
+    gate = GateController(PolicyConfig())
+    gate.observe([make_sample("s", 0.0, 100 * MIB, 0.0, True)])
+    assert gate.estimates["s"].rate_bytes_per_s is None  # bootstrap
+    gate.observe([make_sample("s", 0.1, 110 * MIB, 0.0, True)])  # no CPU gained
+    gate.observe([make_sample("s", 0.2, 120 * MIB, 0.1, False)])  # permission change
+    assert gate.estimates["s"].rate_bytes_per_s is None
+    gate.observe([make_sample("s", 0.3, 121 * MIB, 0.2, False)])  # valid: 10 MiB/s
+    assert gate.estimates["s"].rate_bytes_per_s == pytest.approx(10 * MIB)
+    gate.observe([make_sample("s", 0.4, 131 * MIB, 0.3, False)])  # valid: 100 MiB/s
+    assert gate.estimates["s"].rate_bytes_per_s == pytest.approx(0.35 * 100 * MIB + 0.65 * 10 * MIB)
+
+
+def test_unknown_config_key_is_rejected_by_name() -> None:
+    with pytest.raises(pydantic.ValidationError, match="ewma_alfa"):
+        make_config(ewma_alfa=0.3)
+
+
+def test_pressure_red_takes_priority() -> None:
+    config = PolicyConfig()
+    budget = 4096 * MIB
+    assert classify_pressure(budget, 0, 0, config).level is Pressure.GREEN
+    yellow = classify_pressure(budget, budget - 256 * MIB - 700 * MIB, 0, config)
+    assert yellow.level is Pressure.YELLOW
+    assert classify_pressure(budget, 0, budget, config).level is Pressure.RED
+
+
+def test_residency_never_tears_down_resident_only() -> None:
+    snap = ResidencySnapshot(make_idle(restartable=False), Pressure.RED, LifecycleSlots(2))
+    assert residency_decision(snap, 0.0, PolicyConfig()).action is Residency.RETAIN
+    snap = ResidencySnapshot(make_idle(predicted_wait_s=60), Pressure.GREEN, LifecycleSlots(2))
+    assert residency_decision(snap, 0.0, PolicyConfig()).action is Residency.TEAR_DOWN
+
+
+def test_policy_names() -> None:
+    assert parse_policy("static-4").max_workflows == 4
+    assert not parse_policy("tenon-no-gate").use_gate
+    with pytest.raises(ConfigError, match="unknown policy"):
+        parse_policy("fifo")
+
+
+def test_bench_gate_under_5ms() -> None:
+    result = bench_gate(1000, 30)
+    assert result["sandboxes"] == 1000
+    assert result["decide_ms_p99"] < 5.0
