@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/tenon doctor
-# The trace replay (issue 4) replaces this once the backends and controller land.
-.venv/bin/tenon image build
+# Until the trace replay (issue 4) lands, the main job is the residency demo.
+exec .venv/bin/tenon demo --backend process --budget 512MiB "$@"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -11,10 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tenon.errors import TenonError
+from tenon.units import parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 image_app = typer.Typer(no_args_is_help=True, help="Build and inspect the base image.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
 app.add_typer(image_app, name="image")
+app.add_typer(bench_app, name="bench")
 
 console = Console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")
@@ -64,3 +70,70 @@ def image_build(
     except TenonError as exc:
         _fail(exc)
     console.print(f"base image {image}: {info}")
+
+
+@bench_app.command("lifecycle")
+def bench_lifecycle_cmd(
+    backend: Annotated[str, typer.Option(help="process or docker")] = "process",
+    runs: Annotated[int, typer.Option(help="Repetitions (median reported).")] = 10,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    image: Image = DEFAULT_IMAGE,
+) -> None:
+    """Materialize -> exec `true` -> dematerialize (docker: against bare `docker run`/`rm`)."""
+    from tenon.host.domain import WorkloadDomain
+    from tenon.replay.lifecycle import bench_lifecycle
+    from tenon.sandbox.registry import make_backend
+
+    try:
+        impl_domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
+    except TenonError as exc:
+        _fail(exc)
+    try:
+        impl = make_backend(backend, impl_domain, state_dir)
+        problems = impl.check()
+        if problems:
+            raise TenonError("; ".join(problems))
+        result = asyncio.run(bench_lifecycle(impl, image=image, num_runs=runs))
+        if backend == "docker":
+            import docker
+
+            from tenon.sandbox.docker import bare_docker_lifecycle
+
+            bare = bare_docker_lifecycle(docker.from_env(), image, runs)
+            result["bare_run_ms"] = round(bare["bare_run_ms"], 2)
+            result["bare_rm_ms"] = round(bare["bare_rm_ms"], 2)
+    except TenonError as exc:
+        _fail(exc)
+    finally:
+        impl_domain.remove()
+        if backend == "docker":
+            from tenon.sandbox.docker import remove_parent_cgroups
+
+            remove_parent_cgroups(impl_domain.name)
+    if backend == "docker":
+        ratio = result["materialize_ms"] / result["bare_run_ms"]
+        console.print(f"materialize / bare docker run = {ratio:.3f} (target <= 1.25)")
+    console.print_json(json.dumps(result))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+@app.command()
+def demo(
+    backend: Annotated[str, typer.Option(help="process or docker")] = "process",
+    budget: Annotated[str, typer.Option(help="Workload domain memory budget.")] = "512MiB",
+    agents: Annotated[int, typer.Option(help="Logical agents.")] = 4,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    image: Image = DEFAULT_IMAGE,
+) -> None:
+    """Agents under a budget: run actions, tear sandboxes down, rebuild them, verify workspaces."""
+    from tenon.replay.demo import run_demo
+
+    try:
+        budget_bytes = parse_size(budget, what="--budget")
+        asyncio.run(run_demo(backend=backend, budget_bytes=budget_bytes, num_agents=agents,
+                             state_dir=state_dir, image=image, console=console))
+    except TenonError as exc:
+        _fail(exc)

@@ -1,0 +1,127 @@
+"""The main job until the trace replay lands: agents under a budget, torn down and rebuilt.
+
+Each logical agent gets a workspace and a sandbox inside one workload domain. Every agent
+runs an action that writes a file into its workspace and a memory burst on its tmpfs;
+then every sandbox is torn down through the restart-safe protocol (memory returns to the
+domain), rebuilt from its recovery record, and the workspace is checked byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tenon.clock import SystemClock
+from tenon.errors import SandboxError
+from tenon.host.domain import WorkloadDomain
+from tenon.runtime.recovery import RecoveryStore
+from tenon.runtime.residency import ResidencyManager
+from tenon.runtime.workspace import WorkspaceStore
+from tenon.sandbox.registry import make_backend
+from tenon.units import MIB, format_bytes
+
+ACTION_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    agent_id: str
+    first_exit: int
+    teardown: str
+    rebuilt_exit: int
+    workspace_intact: bool
+    tmp_cleared: bool  # the tmpfs scratch file did not survive the rebuild
+
+
+def _action(agent_id: str, burst_mib: int) -> str:
+    # Writes durable state to /workspace, and leaves a tmpfs file (lost at teardown) behind.
+    return (
+        f"echo 'notes of {agent_id}' > /workspace/notes.txt && "
+        f"head -c {burst_mib * MIB} /dev/zero > /tmp/scratch && "
+        "python3 -c 'import hashlib; print(hashlib.sha256(open(\"/workspace/notes.txt\","
+        "\"rb\").read()).hexdigest())'"
+    )
+
+
+async def run_demo(*, backend: str, budget_bytes: int, num_agents: int, state_dir: Path,
+                   image: str, console: Console, burst_mib: int = 64) -> list[AgentOutcome]:
+    """Run the demo; raise on any broken promise (lost workspace, failed rebuild)."""
+    domain = WorkloadDomain.open(f"tenon-demo-{uuid.uuid4().hex[:8]}", budget_bytes=budget_bytes)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tenon-demo-", dir=_ensure(state_dir)) as tmp:
+            impl = make_backend(backend, domain, state_dir)
+            problems = impl.check()
+            if problems:
+                raise SandboxError("backend not ready: " + "; ".join(problems))
+            recovery = RecoveryStore(Path(tmp) / "recovery.sqlite")
+            try:
+                manager = ResidencyManager(impl, WorkspaceStore(Path(tmp)), recovery,
+                                           SystemClock())
+                outcomes, resident_bytes, released_bytes, elapsed_s = await _exercise(
+                    manager, domain, num_agents, image, burst_mib, console)
+            finally:
+                recovery.close()
+    finally:
+        domain.remove()
+        if backend == "docker":
+            from tenon.sandbox.docker import remove_parent_cgroups
+
+            remove_parent_cgroups(domain.name)
+    table = Table("agent", "action", "teardown", "rebuilt action", "workspace intact", "tmp fresh",
+                  title=f"{num_agents} agents on {backend}, budget {format_bytes(budget_bytes)}")
+    for o in outcomes:
+        table.add_row(o.agent_id, str(o.first_exit), o.teardown, str(o.rebuilt_exit),
+                      "yes" if o.workspace_intact else "[red]NO[/red]",
+                      "yes" if o.tmp_cleared else "[red]NO[/red]")
+    console.print(table)
+    console.print(f"domain memory with all sandboxes resident: {format_bytes(resident_bytes)}; "
+                  f"after teardown: {format_bytes(released_bytes)}; total {elapsed_s:.2f} s")
+    if not all(o.workspace_intact and o.tmp_cleared and o.teardown == "torn_down"
+               for o in outcomes):
+        raise SandboxError("demo failed: a workspace was lost or a teardown was refused")
+    return outcomes
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def _exercise(manager: ResidencyManager, domain: WorkloadDomain, num_agents: int,
+                    image: str, burst_mib: int, console: Console
+                    ) -> tuple[list[AgentOutcome], int, int, float]:
+    """Run, tear down, rebuild and check every agent; always finish them all."""
+    agents = [f"agent{i}" for i in range(num_agents)]
+    outcomes: list[AgentOutcome] = []
+    try:
+        t0 = time.perf_counter()
+        first = {}
+        for agent in agents:
+            await manager.start(agent, image)
+            first[agent] = await manager.exec(agent, _action(agent, burst_mib),
+                                              timeout_s=ACTION_TIMEOUT_S)
+        resident_bytes = domain.reading().usage_bytes
+        teardowns = {a: await manager.teardown(a) for a in agents}
+        released_bytes = domain.reading().usage_bytes
+        for agent in agents:
+            again = await manager.exec(agent, "sha256sum /workspace/notes.txt; ls /tmp",
+                                       timeout_s=ACTION_TIMEOUT_S)
+            expected = hashlib.sha256(f"notes of {agent}\n".encode()).hexdigest()
+            intact = again.output.split()[0] == expected == first[agent].output.strip()
+            outcomes.append(AgentOutcome(agent, first[agent].exit_code,
+                                         teardowns[agent].outcome, again.exit_code, intact,
+                                         "scratch" not in again.output))
+        return outcomes, resident_bytes, released_bytes, time.perf_counter() - t0
+    finally:
+        for agent in agents:
+            try:
+                await manager.finish(agent)
+            except Exception as exc:  # keep cleaning up the rest
+                console.print(f"[yellow]cleanup of {agent}: {exc}[/yellow]")
