@@ -336,3 +336,13 @@ async def test_lifecycle_is_fast(backend, tmp_path):
     assert medians["materialize"] < 0.2, medians
     assert medians["exec"] < 0.2, medians
     assert medians["destroy"] < 0.2, medians
+
+
+async def test_background_process_makes_the_boundary_resident_only(sandbox):
+    from tenon.runtime.eligibility import check_restartable
+
+    assert check_restartable(sandbox, agent_has_logical_state=True).restartable
+    await run(sandbox, "sleep 100 > /dev/null 2>&1 &")
+    verdict = check_restartable(sandbox, agent_has_logical_state=True)
+    assert verdict.resident_only
+    assert "sleep" in verdict.reason
