@@ -85,3 +85,17 @@ def read_environ_token(pid: int, key: str, proc_root: Path = PROC_ROOT) -> str |
         if entry.startswith(prefix):
             return entry[len(prefix) :].decode(errors="replace")
     return None
+
+
+def exists(pid: int, proc_root: Path = PROC_ROOT) -> bool:
+    """True while /proc still lists `pid` (zombies included)."""
+    return (proc_root / str(pid)).exists()
+
+
+def is_alive(pid: int, proc_root: Path = PROC_ROOT) -> bool:
+    """True unless gone or a zombie (a zombie's parent reaps it; killing it again is moot)."""
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text()
+    except _GONE:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"

@@ -1,4 +1,4 @@
-"""Helpers for running actions: process trees read from /proc, bounded output capture."""
+"""Helpers for running actions: the action's process tree (via host.procs), bounded output."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tenon.errors import SandboxError
+from tenon.host import procs
+from tenon.sandbox.base import ProcessInfo
 
 logger = logging.getLogger(__name__)
 
@@ -30,34 +32,10 @@ def enter_cgroup_argv(procs_files: Iterable[Path], argv: list[str]) -> list[str]
     return ["/bin/sh", "-c", ENTER_CGROUP_SH, "tenon-enter", str(len(files)), *files, *argv]
 
 
-def proc_stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, session id) of `pid`, or None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
-    return int(fields[1]), int(fields[3])
-
-
-def proc_command(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    if not raw:  # zombie or kernel thread: fall back to comm
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            return "[" + Path(f"/proc/{pid}/comm").read_text().strip() + "]"
-        return None
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
-
-
-def has_exec_id(pid: int, exec_id: str) -> bool:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    return f"{EXEC_ID_VAR}={exec_id}".encode() in environ.split(b"\0")
+def describe(pids: Iterable[int]) -> list[ProcessInfo]:
+    """The live ones among `pids`, as the Protocol reports them."""
+    infos = (procs.process_info(pid) for pid in pids)
+    return [ProcessInfo(host_pid=i.pid, ppid=i.ppid, command=i.command) for i in infos if i]
 
 
 def action_pids(root_pid: int, candidates: Iterable[int], exec_id: str) -> set[int]:
@@ -65,9 +43,9 @@ def action_pids(root_pid: int, candidates: Iterable[int], exec_id: str) -> set[i
     and any process carrying the action's exec id (daemons reparented to the sandbox init)."""
     parents: dict[int, int] = {}
     for pid in candidates:
-        if (stat := proc_stat(pid)) is not None:
-            parents[pid] = stat[0]
-    found = {root_pid} if root_pid in parents or proc_stat(root_pid) is not None else set()
+        if (info := procs.process_info(pid)) is not None:
+            parents[pid] = info.ppid
+    found = {root_pid} if root_pid in parents or procs.exists(root_pid) else set()
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
         children.setdefault(ppid, []).append(pid)
@@ -77,14 +55,11 @@ def action_pids(root_pid: int, candidates: Iterable[int], exec_id: str) -> set[i
             if child not in found:
                 found.add(child)
                 stack.append(child)
-    found.update(pid for pid in parents if pid not in found and has_exec_id(pid, exec_id))
+    found.update(
+        pid for pid in parents
+        if pid not in found and procs.read_environ_token(pid, EXEC_ID_VAR) == exec_id
+    )
     return found
-
-
-def kill_pids(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 async def kill_action(
@@ -111,27 +86,14 @@ async def kill_action(
         seen |= inside
         # Orphans reparented to the sandbox's pid 1 leave the ppid chain, and as zombies lose
         # their environ: wait for every pid ever seen to be reaped, not just the visible ones.
-        if not inside and not any(map(_exists, seen)):
+        if not inside and not any(map(procs.exists, seen)):
             break
-        kill_pids({p for p in inside if is_alive(p)}, signal.SIGKILL)
+        procs.kill_pids({p for p in inside if procs.is_alive(p)}, signal.SIGKILL)
         if loop.time() > deadline:
             logger.warning("action %s: pids %s survived SIGKILL", exec_id, sorted(pids))
             break
         await asyncio.sleep(0.002)
-    kill_pids([root_pid], signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
-def is_alive(pid: int) -> bool:
-    """True unless gone or a zombie (a zombie's parent reaps it; killing it again is moot)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return text[text.rindex(")") + 2] not in "ZX"
+    procs.kill_pids([root_pid], signal.SIGKILL)
 
 
 class OutputCapture:

@@ -36,7 +36,7 @@ from tenon.errors import (
     SandboxError,
     SandboxFrozen,
 )
-from tenon.sandbox._exec import EXEC_ID_VAR, kill_action, proc_command, proc_stat
+from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
 from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
 
 if TYPE_CHECKING:
@@ -281,12 +281,7 @@ class DockerSandbox:
 
     def processes(self) -> list[ProcessInfo]:
         """Processes in the container's cgroup other than docker-init and its idle child."""
-        found = []
-        for pid in sorted(set(self._pids()) - self.init_pids):
-            stat, command = proc_stat(pid), proc_command(pid)
-            if stat is not None and command is not None:
-                found.append(ProcessInfo(host_pid=pid, ppid=stat[0], command=command))
-        return found
+        return describe(sorted(set(self._pids()) - self.init_pids))
 
     def changed_paths_outside_workspace(self) -> list[str] | None:
         """Paths in the container's writable layer outside /workspace and /tmp.

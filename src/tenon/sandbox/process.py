@@ -36,15 +36,14 @@ from tenon.errors import (
     TenonError,
     WorkspaceError,
 )
+from tenon.host import procs
 from tenon.host.domain import SandboxCgroup, WorkloadDomain
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
     OutputCapture,
+    describe,
     enter_cgroup_argv,
-    is_alive,
     kill_action,
-    proc_command,
-    proc_stat,
     read_child_pid,
     wait_ready,
 )
@@ -234,8 +233,8 @@ class ProcessBackend:
 def _init_pid(cgroup: SandboxCgroup, child_pid: int) -> int:
     """The init (`sleep infinity`): pid 1's only child right after readiness."""
     for pid in cgroup.pids():
-        stat = proc_stat(pid)
-        if stat is not None and stat[0] == child_pid:
+        info = procs.process_info(pid)
+        if info is not None and info.ppid == child_pid:
             return pid
     raise SandboxDied(f"sandbox init under pid {child_pid} is gone")
 
@@ -270,7 +269,7 @@ class ProcessSandbox:
     def _ensure_usable(self) -> None:
         if self._destroyed:
             raise SandboxError(f"sandbox {self._spec.sandbox_id} was destroyed")
-        if self._proc.returncode is not None or not is_alive(self.init_pid):
+        if self._proc.returncode is not None or not procs.is_alive(self.init_pid):
             raise SandboxDied(f"sandbox {self._spec.sandbox_id}: its init exited "
                               f"(bwrap exit code {self._proc.returncode}); rematerialize it")
         if self.cgroup.is_frozen():
@@ -326,14 +325,7 @@ class ProcessSandbox:
     def processes(self) -> list[ProcessInfo]:
         if self._destroyed:
             return []
-        infos = []
-        for pid in self.cgroup.pids():
-            if pid in self._own_pids:
-                continue
-            stat, command = proc_stat(pid), proc_command(pid)
-            if stat is not None and command is not None:
-                infos.append(ProcessInfo(host_pid=pid, ppid=stat[0], command=command))
-        return infos
+        return describe(pid for pid in self.cgroup.pids() if pid not in self._own_pids)
 
     def changed_paths_outside_workspace(self) -> list[str] | None:
         """[] by construction (read-only root); /dev/shm files are listed; None if unverifiable."""
