@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 logger = logging.getLogger(__name__)
 
@@ -28,18 +28,8 @@ ActionClass = Literal[
     "other",
 ]
 
-# Heaviest first: a command mixing several kinds is labelled by the earliest one here.
-ACTION_CLASSES: Final[tuple[ActionClass, ...]] = (
-    "test_runner",
-    "package_install",
-    "compiler",
-    "interpreter",
-    "vcs",
-    "file_edit",
-    "search",
-    "file_read",
-    "other",
-)
+# Heaviest first (the Literal's order): a mixed command is labelled by the earliest one.
+ACTION_CLASSES: Final[tuple[ActionClass, ...]] = get_args(ActionClass)
 
 _TOOL_CLASSES: Final[dict[str, ActionClass]] = {
     "read": "file_read",

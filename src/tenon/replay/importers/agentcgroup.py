@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +37,7 @@ from typing import Any, Final
 
 from tenon.errors import ConfigError, TraceError
 from tenon.replay.classify import classify_action
+from tenon.replay.importers.naming import family_of
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header
 from tenon.units import parse_size
 
@@ -129,12 +129,6 @@ def import_agentcgroup(
         f"agentcgroup:{root.resolve()}", num_skipped=len(skipped), skipped=",".join(skipped)
     )
     return Trace(header=header, workflows=workflows)
-
-
-def family_of(task: str) -> str:
-    """`dask__dask-5510` -> `dask`; `NVIDIA__nv-ingest-71` -> `nv-ingest`."""
-    repo = task.split("__", 1)[-1]
-    return re.sub(r"-[0-9]+$", "", repo) or task
 
 
 def _is_attempt(path: Path) -> bool:

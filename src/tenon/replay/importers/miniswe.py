@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from tenon.errors import TraceError
 from tenon.replay.classify import ACTION_CLASSES, classify_action
+from tenon.replay.importers.naming import family_of
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header
 
 logger = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def _import_trajectory(path: Path, profile: MemoryProfile, base_image: str) -> W
         id=instance,
         submit_s=0.0,
         base_image=base_image,
-        family=_family(instance),
+        family=family_of(instance),
         task_prompt=task_prompt,
         metadata={
             "source": "mini-swe-agent",
@@ -224,9 +225,3 @@ def _task_prompt(content: Any) -> str | None:
     text = match.group(1) if match else content
     text = text.replace("Consider the following PR description:", "", 1)
     return text.strip()
-
-
-def _family(instance: str) -> str:
-    """`django__django-11099` -> `django`; `pvlib__pvlib-python-1072` -> `pvlib-python`."""
-    repo = instance.split("__", 1)[-1]
-    return re.sub(r"-[0-9]+$", "", repo) or instance
