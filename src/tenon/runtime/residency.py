@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +47,9 @@ REMATERIALIZE_STEPS = ("materialize", "verify")
 # SandboxSpec fields a backend config may set; anything else is rejected.
 SPEC_CONFIG_KEYS = frozenset({"network", "max_pids", "tmp_size_bytes", "env"})
 
+# Runs blocking workspace I/O: a worker thread by default; `run_inline` under a simulated
+# clock, where a real thread would let time jump while it works.
+BlockingRunner = Callable[..., Awaitable[Any]]
 FaultHook = Callable[[str, str], None]  # (step, agent_id); raise to inject a failure
 TeardownOutcome = Literal["torn_down", "kept_resident", "destroy_pending"]
 
@@ -89,6 +92,11 @@ def _spec_for(
     return SandboxSpec(sandbox_id=sandbox_id, image=image, workspace=workspace, **config)
 
 
+async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """A `BlockingRunner` that runs `fn` on the event loop's thread (simulations)."""
+    return fn(*args)
+
+
 class ResidencyManager:
     """Owns each agent's physical sandbox: start, exec, teardown, rematerialize, recover."""
 
@@ -102,6 +110,7 @@ class ResidencyManager:
         faults: FaultHook | None = None,
         max_destroy_attempts: int = 3,
         destroy_retry_s: float = 0.1,
+        blocking: BlockingRunner = asyncio.to_thread,
     ) -> None:
         if max_destroy_attempts < 1:
             raise ValueError(f"max_destroy_attempts must be >= 1, got {max_destroy_attempts}")
@@ -113,6 +122,7 @@ class ResidencyManager:
         self._max_destroy_attempts = max_destroy_attempts
         self._destroy_retry_s = destroy_retry_s
         self._slots: dict[str, _Slot] = {}
+        self._blocking = blocking
 
     # -- queries ---------------------------------------------------------------
 
@@ -142,7 +152,7 @@ class ResidencyManager:
             if self._recovery.get(agent_id) is not None:
                 return await self._rematerialize_locked(agent_id, slot)
             config = dict(config or {})
-            workspace = await asyncio.to_thread(self._workspaces.create, agent_id)
+            workspace = await self._blocking(self._workspaces.create, agent_id)
             sandbox = await self._backend.materialize(
                 _spec_for(agent_id, 1, image, workspace, config)
             )
@@ -199,7 +209,7 @@ class ResidencyManager:
                 return TeardownResult(agent_id, "kept_resident", eligibility.reason, step=step)
             step = "capture"
             self._fault(step, agent_id)
-            manifest = await asyncio.to_thread(self._workspaces.capture, agent_id)
+            manifest = await self._blocking(self._workspaces.capture, agent_id)
             step = "commit"
             self._fault(step, agent_id)
             record = self._recovery.commit_teardown(
@@ -276,7 +286,7 @@ class ResidencyManager:
             sandbox = await self._backend.materialize(spec)
             step = "verify"
             self._fault(step, agent_id)
-            await asyncio.to_thread(
+            await self._blocking(
                 self._workspaces.verify, agent_id, record.manifest_digest, record.manifest
             )
             step = "mark_resident"

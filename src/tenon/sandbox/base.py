@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from tenon.host.types import CgroupVersion, GateResult, MemoryReading
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -38,6 +40,43 @@ class ProcessInfo:
     host_pid: int
     ppid: int
     command: str
+
+
+class SandboxMeter(Protocol):
+    """A sandbox's cgroup as the controller's loops use it: read, gate, throttle.
+
+    `host.cgroup.SandboxCgroup` is the real one; `sandbox.sim.SimCgroup` the simulated one.
+    """
+
+    def reading(self) -> MemoryReading: ...
+
+    def new_oom_kills(self) -> int:
+        """OOM kills in this cgroup since the previous call."""
+        ...
+
+    def is_frozen(self) -> bool: ...
+
+    def freeze(self) -> GateResult: ...
+
+    def thaw(self) -> GateResult: ...
+
+    def set_cpu_quota(self, fraction: float | None) -> None: ...
+
+    def set_memory_high(self, high_bytes: int | None) -> None: ...
+
+
+class DomainMeter(Protocol):
+    """The workload domain as the controller uses it (`host.domain.WorkloadDomain` is one)."""
+
+    name: str
+    budget_bytes: int | None
+
+    @property
+    def version(self) -> CgroupVersion: ...
+
+    def reading(self) -> MemoryReading: ...
+
+    def set_budget(self, budget_bytes: int | None) -> None: ...
 
 
 @runtime_checkable

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tenon.errors import ConfigError, TraceError
-from tenon.replay.classify import classify_action
+from tenon.predict.classify import classify_action
 from tenon.replay.importers.naming import family_of
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header
 from tenon.units import parse_size

@@ -26,7 +26,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from tenon.errors import TraceError
-from tenon.replay.classify import ACTION_CLASSES, classify_action
+from tenon.predict.classify import ACTION_CLASSES, classify_action
 from tenon.replay.importers.naming import family_of
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header
 

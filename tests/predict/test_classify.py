@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tenon.replay.classify import classify_action
+from tenon.predict.classify import classify_action
 
 CASES = [
     ("Bash", "python3 -m pytest tests/ -x", "test_runner"),

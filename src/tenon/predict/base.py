@@ -1,0 +1,48 @@
+"""The predictor interface the runtime's admission path calls.
+
+A predictor sees only what is known before an action starts (`ActionContext`: the command,
+its class, the workflow's scope and the measured figures of its earlier actions) and returns
+a `Prediction` (average, peak, heavy risk). After the action completes, the runtime hands the
+measured figures back through `observe`, so later predictions can use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tenon.policy.admission import Prediction
+
+__all__ = ["ActionContext", "MeasuredAction", "Prediction", "Predictor"]
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredAction:
+    """What an action measured once it completed (bytes and seconds)."""
+
+    action_class: str
+    avg_bytes: int
+    peak_bytes: int
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ActionContext:
+    """Everything a predictor may look at for one action, all known before it starts."""
+
+    workflow_id: str
+    command: str
+    action_class: str
+    step_index: int
+    family: str | None = None
+    task_prompt: str | None = None
+    history: tuple[MeasuredAction, ...] = field(default_factory=tuple)
+    """Earlier actions of the same workflow, oldest first."""
+
+
+class Predictor(Protocol):
+    """Predicts one action's memory demand; `name` identifies it in logs and results."""
+
+    name: str
+
+    def predict(self, context: ActionContext) -> Prediction: ...

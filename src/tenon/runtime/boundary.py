@@ -1,0 +1,244 @@
+"""The boundary loop's decisions, wired to the runtime: admission, residency, rebuilds.
+
+Everything here runs at action boundaries (ready / done) or is nudged by the execution
+loop's tick; the decisions themselves are the pure functions of `policy/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tenon.errors import RecoveryError
+from tenon.policy.admission import ActionRequest, AdmitDecision
+from tenon.policy.pressure import Pressure, PressureState
+from tenon.policy.residency import (
+    IdleSandbox,
+    Rebuild,
+    Residency,
+    ResidencySnapshot,
+    choose_reclaim,
+    rebuild_decision,
+    residency_decision,
+)
+from tenon.runtime.agents import AgentState
+from tenon.runtime.eligibility import check_restartable
+from tenon.runtime.execution import RunningAction
+from tenon.runtime.results import AgentClosed
+from tenon.sandbox.base import Sandbox
+
+if TYPE_CHECKING:
+    from tenon.runtime.controller import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+class Boundary:
+    """Admission waiters, teardowns and rebuilds of one runtime."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._waiting: dict[str, tuple[RunningAction, asyncio.Future[AdmitDecision]]] = {}
+
+    # -- admission ----------------------------------------------------------------
+
+    async def admit(self, action: RunningAction, request: ActionRequest) -> AdmitDecision | None:
+        """Wait until the action is admitted (at once without admission control)."""
+        rt = self._rt
+        if rt.admission is None:
+            rt.actions[action.action_id] = action
+            return None
+        future: asyncio.Future[AdmitDecision] = asyncio.get_running_loop().create_future()
+        self._waiting[action.action_id] = (action, future)
+        rt.admission.submit(request)
+        self.pump()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiting.pop(action.action_id, None)
+            if not rt.admission.withdraw(action.action_id) and future.done():
+                self.release(action)  # admitted just as the caller gave up
+            raise
+
+    def release(self, action: RunningAction) -> None:
+        """Release the action's charge; called exactly once per admitted action."""
+        rt = self._rt
+        if rt.admission is None:
+            return
+        charge = rt.admission.release(action.action_id)
+        rt.events.emit("release", action_id=action.action_id, charge_bytes=charge,
+                       admitted_total_bytes=rt.admission.admitted_total_bytes)
+        self.pump()
+
+    def pump(self) -> None:
+        """Admit whatever fits now."""
+        rt = self._rt
+        if rt.admission is None or not self._waiting:
+            return
+        pressure = rt.pressure_now()
+        # The physical gate after the logical window: H now. Growth still to come is the
+        # window's business (charges rise toward peaks) and the execution gate's.
+        headroom = pressure.headroom_bytes
+        if not rt.actions and rt.lifecycle.in_flight == 0 and not self._reclaimable():
+            # Liveness: nothing runs, nothing is being torn down and nothing idle can be:
+            # waiting cannot free memory, so only the logical window applies.
+            headroom = max(headroom, rt.domain.budget_bytes or headroom)
+        for decision in rt.admission.decide(rt.clock.now(), headroom):
+            action, future = self._waiting.pop(decision.action_id)
+            rt.actions[action.action_id] = action
+            future.set_result(decision)
+            rt.events.emit("admit", action_id=decision.action_id, agent_id=decision.workflow_id,
+                           charge_bytes=decision.charge_bytes, heavy=decision.heavy,
+                           reason=decision.reason,
+                           admitted_total_bytes=rt.admission.admitted_total_bytes,
+                           headroom_bytes=headroom, pressure=pressure.level.name.lower())
+
+    def _reclaimable(self) -> bool:
+        return self._rt.spec.use_residency and any(
+            s.idle and s.restartable for s in self._rt.agents.values())
+
+    # -- sandboxes ------------------------------------------------------------------
+
+    async def ensure_sandbox(self, state: AgentState, config: Mapping[str, Any]) -> Sandbox:
+        """The agent's live sandbox: materialized the first time, rebuilt after a teardown."""
+        rt = self._rt
+        sandbox = rt.residency.sandbox_for(state.agent_id)
+        if sandbox is not None:
+            return sandbox
+        if not state.materialized:
+            sandbox = await rt.residency.start(state.agent_id, state.image, config)
+            state.materialized = True
+            rt.events.emit("materialize", agent_id=state.agent_id,
+                           sandbox_id=sandbox.spec.sandbox_id)
+            return sandbox
+        reported = False
+        while True:
+            if state.closed:
+                raise AgentClosed(f"agent {state.agent_id} was closed while waiting to rebuild")
+            level = self._pressure_without(state.agent_id).level
+            decision = rebuild_decision(state.agent_id, next_action_ready=True, pressure=level,
+                                        predicted_ready_in_s=None,
+                                        slots=rt.lifecycle.slots, config=rt.config)
+            if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
+                break
+            if not reported:
+                rt.events.emit("rebuild_wait", agent_id=state.agent_id, reason=decision.reason)
+                reported = True
+            await rt.waker.wait()
+        try:
+            return await self._rebuild(state, predictive=False)
+        finally:
+            rt.lifecycle.release()
+            rt.waker.notify()
+
+    async def _rebuild(self, state: AgentState, *, predictive: bool) -> Sandbox:
+        rt = self._rt
+        start = rt.clock.now()
+        sandbox = await rt.residency.rematerialize(state.agent_id)
+        state.torn_down = False
+        rt.events.emit("rebuild", agent_id=state.agent_id, sandbox_id=sandbox.spec.sandbox_id,
+                       predictive=predictive, duration_s=round(rt.clock.now() - start, 4))
+        return sandbox
+
+    def _pressure_without(self, agent_id: str) -> PressureState:
+        """Pressure not counting the agent's own admitted action (it cannot wait for itself)."""
+        rt = self._rt
+        others = [a for a in rt.actions.values() if a.agent_id != agent_id]
+        return rt.execution.pressure(others, rt.domain.reading())
+
+    # -- residency ------------------------------------------------------------------
+
+    def after_action(self, state: AgentState, sandbox: Sandbox, *, last_usage: int) -> None:
+        """Action-done: check restart safety (fail closed), then retain or tear down."""
+        rt = self._rt
+        eligibility = check_restartable(sandbox, agent_has_logical_state=True)
+        state.restartable = eligibility.restartable
+        pressure = rt.pressure_now()
+        box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
+                          state.predicted_wait_s or 0.0)
+        decision = residency_decision(ResidencySnapshot(box, pressure.level, rt.lifecycle.slots),
+                                      rt.clock.now(), rt.config)
+        rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
+                       reason=decision.reason, restartable=eligibility.restartable,
+                       eligibility=eligibility.reason, pressure=pressure.level.name.lower())
+        if decision.action is Residency.TEAR_DOWN:
+            self._start_teardown(state, why=decision.reason)
+
+    def reclaim(self, pressure: PressureState) -> None:
+        """Under yellow or red, tear down restartable idle sandboxes, largest first."""
+        rt = self._rt
+        if pressure.level is Pressure.GREEN or rt.lifecycle.slots.num_free == 0:
+            return
+        budget = rt.domain.budget_bytes or 0
+        green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
+        needed = int(green_line - pressure.effective_headroom_bytes) + 1
+        idle = []
+        for state in rt.agents.values():
+            sandbox = rt.residency.sandbox_for(state.agent_id)
+            if not (state.idle and state.restartable) or sandbox is None:
+                continue
+            meter = getattr(sandbox, "cgroup", None)
+            with contextlib.suppress(OSError):
+                usage = meter.reading().usage_bytes if meter is not None else 0
+                idle.append(IdleSandbox(state.agent_id, usage, True))
+        chosen = choose_reclaim(idle, pressure.level, needed,
+                                max_count=rt.lifecycle.slots.num_free)
+        for agent_id in chosen:
+            self._start_teardown(rt.agents[agent_id],
+                                 why=f"{pressure.level.name.lower()}: reclaim for {needed} B")
+
+    def _start_teardown(self, state: AgentState, *, why: str) -> None:
+        if not self._rt.lifecycle.try_acquire():
+            return
+        state.lifecycle = asyncio.ensure_future(self._teardown(state, why))
+
+    async def _teardown(self, state: AgentState, why: str) -> None:
+        rt = self._rt
+        start = rt.clock.now()
+        try:
+            result = await rt.residency.teardown(state.agent_id)
+            if result.outcome != "kept_resident":
+                state.torn_down = True
+            else:
+                state.restartable = False  # the protocol's own check said no: keep it
+            rt.events.emit("teardown", agent_id=state.agent_id, outcome=result.outcome,
+                           reason=result.reason, why=why,
+                           duration_s=round(rt.clock.now() - start, 4))
+        except Exception:
+            logger.exception("teardown of %s failed", state.agent_id)
+        finally:
+            rt.lifecycle.release()
+            state.lifecycle = None
+            rt.waker.notify()
+            self.pump()
+
+    def predictive_rebuilds(self, pressure: PressureState, now: float) -> None:
+        """Under green, rebuild torn-down agents whose next action is predicted soon."""
+        rt = self._rt
+        if pressure.level is not Pressure.GREEN:
+            return
+        for state in rt.agents.values():
+            if not state.torn_down or state.busy or state.closed or state.lifecycle is not None:
+                continue
+            if state.predicted_wait_s is None or state.last_done_at is None:
+                continue
+            ready_in = state.last_done_at + state.predicted_wait_s - now
+            decision = rebuild_decision(state.agent_id, next_action_ready=False,
+                                        predicted_ready_in_s=ready_in, pressure=pressure.level,
+                                        slots=rt.lifecycle.slots, config=rt.config)
+            if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
+                state.lifecycle = asyncio.ensure_future(self._predictive(state))
+
+    async def _predictive(self, state: AgentState) -> None:
+        rt = self._rt
+        try:
+            await self._rebuild(state, predictive=True)
+        except RecoveryError as exc:  # the next action retries from the record and reports
+            logger.warning("predictive rebuild of %s failed: %s", state.agent_id, exc)
+        finally:
+            rt.lifecycle.release()
+            state.lifecycle = None
+            rt.waker.notify()

@@ -1,0 +1,443 @@
+"""The runtime: logical agents, their actions, and the two control loops around them.
+
+    async with Runtime(domain=..., backend=..., state_dir=..., policy="tenon") as rt:
+        agent = await rt.create_agent(image="tenon-base:bookworm")
+        result = await agent.run("pytest -x", timeout=600)
+
+The boundary loop runs at action boundaries, inside `Agent.run`: at action-ready it predicts
+the action's demand and waits for admission (Tenon's water level, or nothing for the
+baselines), rebuilds a torn-down sandbox when allowed (never under red, at most
+`lifecycle_limit` lifecycle operations at once), then runs the action. At action-done it
+releases the charge exactly once, checks restart safety (fail closed) and decides residency.
+The execution loop (`ExecutionLoop`) runs every control period: it samples every running
+sandbox, decides the gate, reclaims idle sandboxes under pressure, starts predictive
+rebuilds under green, and re-runs admission as memory frees up.
+
+An OOM kill or a lost sandbox fails the agent's workflow attempt: the result says so, and
+the agent refuses further actions (`WorkflowFailed`); the caller decides on a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tenon.clock import Clock, SystemClock
+from tenon.errors import ConfigError, RecoveryError, SandboxDied, SandboxError
+from tenon.host.types import CgroupVersion
+from tenon.policy.admission import ActionRequest, AdmissionController, AdmitDecision
+from tenon.policy.baselines import (
+    AgentCgroupClass,
+    PolicyKind,
+    PolicySpec,
+    WorkflowRequest,
+    agentcgroup_class,
+    parse_policy,
+)
+from tenon.policy.config import PolicyConfig
+from tenon.policy.pressure import Pressure, PressureState
+from tenon.predict.base import ActionContext, MeasuredAction, Predictor
+from tenon.predict.classify import classify_action
+from tenon.predict.static import StaticPredictor
+from tenon.runtime.agents import AgentState, Lifecycle, Waker
+from tenon.runtime.boundary import Boundary
+from tenon.runtime.events import EventLog
+from tenon.runtime.execution import BlockingRunner, ExecutionLoop, RunningAction
+from tenon.runtime.recovery import RecoveryStore
+from tenon.runtime.residency import ResidencyManager
+from tenon.runtime.results import (
+    ActionResult,
+    ActionStats,
+    AgentClosed,
+    Outcome,
+    WorkflowFailed,
+)
+from tenon.runtime.workflows import WorkflowGate
+from tenon.runtime.workspace import WorkspaceStore
+from tenon.sandbox.base import DomainMeter, ExecResult, Sandbox, SandboxBackend, SandboxMeter
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "tenon-base:bookworm"
+
+
+def meter_of(sandbox: Sandbox) -> SandboxMeter:
+    """The sandbox's cgroup (every backend the runtime drives exposes one as `.cgroup`)."""
+    meter = getattr(sandbox, "cgroup", None)
+    if meter is None:
+        raise SandboxError(f"sandbox {sandbox.spec.sandbox_id} exposes no cgroup to meter")
+    return meter  # type: ignore[no-any-return]
+
+
+class Agent:
+    """A logical agent: its workspace and trajectory outlive any one physical sandbox."""
+
+    def __init__(self, runtime: Runtime, state: AgentState) -> None:
+        self._runtime = runtime
+        self._state = state
+
+    @property
+    def id(self) -> str:
+        return self._state.agent_id
+
+    @property
+    def failed(self) -> bool:
+        return self._state.failed_reason is not None
+
+    @property
+    def history(self) -> tuple[MeasuredAction, ...]:
+        return tuple(self._state.history)
+
+    async def run(
+        self,
+        command: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the action's timeout, enforced by the backend
+        action_class: str | None = None,
+        max_output_bytes: int = 65536,
+    ) -> ActionResult:
+        """Run one action; returns its output, exit code, outcome and memory figures."""
+        return await self._runtime.run_action(
+            self._state, command, timeout_s=timeout, action_class=action_class,
+            max_output_bytes=max_output_bytes,
+        )
+
+    async def close(self, *, delete_workspace: bool = True) -> None:
+        """End the workflow: destroy the sandbox, drop the record, free the workflow's place."""
+        await self._runtime.close_agent(self._state, delete_workspace=delete_workspace)
+
+
+class Runtime:
+    """One workload domain, one backend, one policy; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        domain: DomainMeter,
+        backend: SandboxBackend,
+        state_dir: Path,
+        policy: str | PolicySpec = "tenon",
+        config: PolicyConfig | None = None,
+        clock: Clock | None = None,
+        predictor: Predictor | None = None,
+        event_log: Path | None = None,
+        keep_events: bool = False,
+        blocking: BlockingRunner = asyncio.to_thread,
+        backend_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.spec = parse_policy(policy) if isinstance(policy, str) else policy
+        self.config = config or PolicyConfig()
+        self.clock = clock or SystemClock()
+        self.domain = domain
+        self.backend = backend
+        self.predictor = predictor or StaticPredictor(heavy_peak_bytes=self.config.heavy_peak_bytes)
+        self.events = EventLog(event_log, self.clock.now, keep_in_memory=keep_events)
+        self._blocking = blocking
+        self._backend_config = dict(backend_config or {})
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._recovery = RecoveryStore(state_dir / "recovery.sqlite")
+        self.residency = ResidencyManager(
+            backend, WorkspaceStore(state_dir), self._recovery, self.clock, blocking=blocking
+        )
+        budget = domain.budget_bytes
+        self.admission = (
+            AdmissionController(self.config, self.config.window_bytes(budget or (1 << 40)))
+            if self.spec.use_admission else None
+        )
+        self.execution = ExecutionLoop(
+            domain=domain, config=self.config, events=self.events, use_gate=self.spec.use_gate,
+            agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP, blocking=blocking,
+        )
+        self.workflows = WorkflowGate(self.spec, budget)
+        self.lifecycle = Lifecycle(self.config.lifecycle_limit)
+        self.waker = Waker()
+        self.agents: dict[str, AgentState] = {}
+        self.actions: dict[str, RunningAction] = {}
+        self.boundary = Boundary(self)
+        self._ids = itertools.count(1)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- lifecycle of the runtime ------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._loop_task is not None:
+            return
+        problems = self.backend.check()
+        if problems:
+            raise SandboxError(f"backend {self.backend.name} not ready: {'; '.join(problems)}")
+        self.events.emit("runtime_start", policy=self.spec.name, backend=self.backend.name,
+                         budget_bytes=self.domain.budget_bytes, predictor=self.predictor.name,
+                         config=self.config.model_dump())
+        self._loop_task = asyncio.ensure_future(self._execution_loop())
+
+    async def close(self) -> None:
+        """Stop the loops, end every open workflow, leave nothing running."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await self.execution.release_all(self.actions.values())
+        for state in list(self.agents.values()):
+            with contextlib.suppress(Exception):
+                await self.close_agent(state)
+        await self.residency.reap()
+        self.events.emit("runtime_stop")
+        self.events.close()
+        self._recovery.close()
+
+    # -- agents --------------------------------------------------------------------
+
+    async def create_agent(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        agent_id: str | None = None,
+        family: str | None = None,
+        task_prompt: str | None = None,
+        profile_peak_bytes: int | None = None,
+    ) -> Agent:
+        """A new logical agent (one workflow). Baselines that admit per workflow wait here;
+        the sandbox itself is materialized when the first action is admitted."""
+        if self._closed:
+            raise AgentClosed("the runtime is closed")
+        agent_id = agent_id or f"agent-{next(self._ids):05d}"
+        if agent_id in self.agents:
+            raise ConfigError(f"agent {agent_id!r} already exists")
+        self.workflows.check(profile_peak_bytes)
+        state = AgentState(agent_id, image, family, task_prompt, profile_peak_bytes,
+                           created_at=self.clock.now())
+        if self.spec.kind is PolicyKind.AGENTCGROUP:
+            if profile_peak_bytes is None:
+                raise ConfigError("the agentcgroup policy needs each workflow's profiled peak")
+            state.agentcgroup_class = agentcgroup_class(
+                profile_peak_bytes, self.domain.budget_bytes or 0, self.config)
+        self.agents[agent_id] = state
+        try:
+            await self.workflows.enter(
+                WorkflowRequest(agent_id, profile_peak_bytes or 0, state.created_at))
+        except BaseException:
+            self.agents.pop(agent_id, None)
+            raise
+        self.events.emit("workflow_start", agent_id=agent_id, family=family,
+                         profile_peak_bytes=profile_peak_bytes,
+                         waited_s=round(self.clock.now() - state.created_at, 4))
+        return Agent(self, state)
+
+    async def close_agent(self, state: AgentState, *, delete_workspace: bool = True) -> None:
+        if state.closed:
+            return
+        state.closed = True
+        if state.lifecycle is not None:
+            with contextlib.suppress(Exception):
+                await state.lifecycle
+        try:
+            if state.materialized:
+                await self.residency.finish(state.agent_id, delete_workspace=delete_workspace)
+        finally:
+            self.agents.pop(state.agent_id, None)
+            self.workflows.leave(state.agent_id)
+            self.events.emit("workflow_end", agent_id=state.agent_id,
+                             failed=state.failed_reason, num_actions=len(state.history))
+            self.waker.notify()
+
+    # -- the boundary loop: one action -------------------------------------------
+
+    async def run_action(
+        self,
+        state: AgentState,
+        command: str,
+        *,
+        timeout_s: float,
+        action_class: str | None,
+        max_output_bytes: int,
+    ) -> ActionResult:
+        if state.closed or self._closed:
+            raise AgentClosed(f"agent {state.agent_id} is closed")
+        if state.failed_reason is not None:
+            raise WorkflowFailed(f"agent {state.agent_id}: {state.failed_reason}")
+        if state.busy:
+            raise SandboxError(f"agent {state.agent_id} already runs an action")
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout must be positive, got {timeout_s}")
+        state.busy = True
+        try:
+            return await self._run_action(state, command, timeout_s, action_class,
+                                          max_output_bytes)
+        finally:
+            state.busy = False
+
+    async def _run_action(self, state: AgentState, command: str, timeout_s: float,
+                          action_class: str | None, max_output_bytes: int) -> ActionResult:
+        ready_at = self.clock.now()
+        state.note_ready(ready_at)
+        klass = action_class or classify_action("Bash", command)
+        context = ActionContext(state.agent_id, command, klass, len(state.history), state.family,
+                                state.task_prompt, tuple(state.history))
+        prediction = self.predictor.predict(context)
+        action_id = f"{state.agent_id}-a{len(state.history) + 1:04d}"
+        action = RunningAction(action_id, state.agent_id, prediction, 0, ready_at,
+                               profiled_peak_bytes=(state.profile_peak_bytes
+                                                    if state.agentcgroup_class is not None
+                                                    else None))
+        self.events.emit("action_ready", action_id=action_id, agent_id=state.agent_id,
+                         action_class=klass, predicted_avg_bytes=prediction.avg_bytes,
+                         predicted_peak_bytes=prediction.peak_bytes,
+                         heavy=prediction.heavy_risk)
+        admitted = False
+        try:
+            decision = await self.boundary.admit(action, ActionRequest(
+                action_id, state.agent_id, prediction, ready_at))
+            admitted = True
+            action.charge_bytes = decision.charge_bytes if decision else 0
+            if state.lifecycle is not None:  # a teardown or predictive rebuild in flight
+                with contextlib.suppress(Exception):
+                    await state.lifecycle
+            sandbox = await self.boundary.ensure_sandbox(state, self._backend_config)
+            return await self._execute(state, action, sandbox, command, klass, timeout_s,
+                                       max_output_bytes)
+        finally:
+            self.actions.pop(action_id, None)
+            if admitted:
+                self.boundary.release(action)
+            self.waker.notify()
+
+    async def _execute(self, state: AgentState, action: RunningAction, sandbox: Sandbox,
+                       command: str, klass: str, timeout_s: float,
+                       max_output_bytes: int) -> ActionResult:
+        meter = meter_of(sandbox)
+        start = self.clock.now()
+        meter.new_oom_kills()  # the baseline: only kills during this action count
+        first = meter.reading()
+        action.meter, action.gate_id = meter, sandbox.spec.sandbox_id
+        action.stats = ActionStats(start, first.usage_bytes, first.peak_bytes)
+        action.last_usage_bytes = first.usage_bytes
+        self.execution.start_action(action)
+        await self._apply_agentcgroup_mark(state, meter)
+        self.events.emit("action_start", action_id=action.action_id, agent_id=state.agent_id,
+                         sandbox_id=action.gate_id, charge_bytes=action.charge_bytes,
+                         queued_s=round(start - action.ready_at, 4))
+        result: ExecResult | None = None
+        died: str | None = None
+        try:
+            result = await self.residency.exec(state.agent_id, command, timeout_s=timeout_s,
+                                               max_output_bytes=max_output_bytes)
+        except SandboxDied as exc:
+            died = str(exc)
+        finally:
+            self.execution.end_action(action)
+            if not action.allowed or action.throttled:
+                await self.execution.release_all([action])
+        end = self.clock.now()
+        try:
+            last = meter.reading()
+            oom_kills = meter.new_oom_kills()
+            avg, peak = action.stats.finish(end, last.usage_bytes, last.peak_bytes)
+        except OSError:  # the cgroup went with the sandbox
+            oom_kills, avg, peak = 0, action.stats.peak_bytes, action.stats.peak_bytes
+        if died is not None:
+            outcome = Outcome.SANDBOX_DIED
+        elif oom_kills > 0:
+            outcome = Outcome.OOM_KILLED
+        elif result is not None and result.timed_out:
+            outcome = Outcome.TIMEOUT
+        else:
+            outcome = Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
+        if outcome.fails_attempt:
+            state.failed_reason = died or f"OOM kill during {action.action_id}"
+        state.history.append(MeasuredAction(klass, avg, peak, end - start))
+        state.note_done(end)
+        self.events.emit("action_done", action_id=action.action_id, agent_id=state.agent_id,
+                         outcome=outcome.value, exit_code=None if result is None
+                         else result.exit_code, duration_s=round(end - start, 4),
+                         avg_bytes=avg, peak_bytes=peak, oom_kills=oom_kills)
+        if outcome is Outcome.OOM_KILLED:
+            self.events.emit("oom_kill", action_id=action.action_id, agent_id=state.agent_id,
+                             sandbox_id=action.gate_id, num_kills=oom_kills)
+        if not outcome.fails_attempt and self.spec.use_residency:
+            self.boundary.after_action(state, sandbox, last_usage=action.last_usage_bytes)
+        return ActionResult(
+            action.action_id, state.agent_id, outcome,
+            -9 if result is None else result.exit_code,
+            died or ("" if result is None else result.output),
+            False if result is None else result.truncated,
+            end - start, start - action.ready_at, avg, peak,
+            action.prediction.avg_bytes, action.prediction.peak_bytes, action.charge_bytes, klass,
+        )
+
+    async def _apply_agentcgroup_mark(self, state: AgentState, meter: SandboxMeter) -> None:
+        if state.agentcgroup_class is not AgentCgroupClass.LOW:
+            return
+        if self.domain.version is CgroupVersion.V2 and state.mark_applied_to != id(meter):
+            await self._blocking(meter.set_memory_high,
+                                 self.config.agentcgroup_low_high_mark_bytes)
+            state.mark_applied_to = id(meter)
+
+    # -- the execution loop ---------------------------------------------------------
+
+    def pressure_now(self) -> PressureState:
+        return self.execution.pressure(self.actions.values(), self.domain.reading())
+
+    async def _execution_loop(self) -> None:
+        period = self.config.control_period_s
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad tick must not stop the controller
+                logger.exception("execution loop tick failed")
+            await self.clock.sleep(period)
+
+    async def tick(self) -> None:
+        now = self.clock.now()
+        pressure = await self.execution.tick(now, list(self.actions.values()))
+        if self.spec.use_residency:
+            self.boundary.reclaim(pressure)
+            self.boundary.predictive_rebuilds(pressure, now)
+        self.boundary.pump()
+        self.waker.notify()
+
+    # -- restart ---------------------------------------------------------------------
+
+    def recover(self) -> list[Agent]:
+        """After a controller restart: an `Agent` for every record in the state directory.
+
+        Nothing is rebuilt eagerly; each agent's next action rebuilds its sandbox from the
+        committed record (or blocks with RecoveryError if the workspace no longer matches).
+        """
+        agents = []
+        for record in self.residency.recover_all():
+            if record.agent_id in self.agents:
+                continue
+            state = AgentState(record.agent_id, record.base_image, None, None, None,
+                               created_at=self.clock.now())
+            state.materialized, state.torn_down = True, True
+            self.agents[record.agent_id] = state
+            agents.append(Agent(self, state))
+            self.events.emit("agent_recovered", agent_id=record.agent_id,
+                             generation=record.generation, state=record.state)
+        return agents
+
+    @property
+    def pressure_level(self) -> Pressure | None:
+        last = self.execution.last_pressure
+        return None if last is None else last.level
+
+
+__all__ = ["Agent", "AdmitDecision", "RecoveryError", "Runtime", "meter_of"]

@@ -1,0 +1,79 @@
+"""The structured event log: one JSON object per line, every decision and observation.
+
+Each event has `t` (the runtime clock, seconds since the runtime started), `kind`, and
+kind-specific fields. Lines are written whole and flushed, so a crash loses at most the
+event being written and a reader (`tenon report`) can follow a live run. A full disk does
+not stop the controller: the first write error is logged, counted and later events are
+dropped (the count is in `num_dropped`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+
+class EventLog:
+    """Append-only JSON-lines log; `path=None` keeps events in memory only (`events`)."""
+
+    def __init__(
+        self, path: Path | None, now: Callable[[], float], *, keep_in_memory: bool = False
+    ) -> None:
+        self.path = path
+        self._now = now
+        self._t0 = now()
+        self._file: IO[str] | None = None
+        self.num_dropped = 0
+        self.events: list[dict[str, Any]] | None = [] if keep_in_memory or path is None else None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"t": round(self._now() - self._t0, 4), "kind": kind, **fields}
+        if self.events is not None:
+            self.events.append(event)
+        if self._file is not None:
+            try:
+                self._file.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
+                self._file.flush()
+            except OSError as exc:
+                if self.num_dropped == 0:
+                    logger.error("event log %s: write failed, dropping events: %s", self.path, exc)
+                self.num_dropped += 1
+        return event
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        """In-memory events of one kind (tests, summaries)."""
+        return [e for e in self.events or [] if e["kind"] == kind]
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                logger.error("event log %s: close failed: %s", self.path, exc)
+            self._file = None
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Load an event log; a torn last line (a crash mid-write) is skipped, any other bad line
+    raises ValueError naming the line."""
+    events = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                logger.warning("%s:%d: torn last line skipped", path, number)
+                continue
+            raise ValueError(f"{path}:{number}: not a JSON event: {exc}") from None
+    return events
