@@ -78,6 +78,12 @@ class AdmissionController:
     def window_bytes(self) -> int:
         return self._window_bytes
 
+    def set_window(self, window_bytes: int) -> None:
+        """Move the window (the budget changed); charges already held stay as they are."""
+        if window_bytes <= 0:
+            raise ValueError(f"window_bytes must be positive, got {window_bytes}")
+        self._window_bytes = window_bytes
+
     @property
     def admitted_total_bytes(self) -> int:
         return self._admitted_total_bytes

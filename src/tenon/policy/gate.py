@@ -8,9 +8,9 @@ Invariants (property-tested):
 - green allows every sandbox;
 - under yellow at most b positive-demand sandboxes are allowed and their
   demands sum to at most H; under red at most one, and only if it fits H;
-- liveness: when no positive-demand sandbox fits H, exactly one still runs alone as a
-  probe: the one already running, else one denied for at least `overdue_after_s` (the
-  only allowance beyond H);
+- liveness: when no positive-demand sandbox fits H and no other sandbox runs, exactly one
+  still runs alone as a probe: the one already running, else one denied for at least
+  `overdue_after_s` (the only allowance beyond H);
 - a denied sandbox stays denied at least `min_denial_wait_s` unless green.
 """
 
@@ -149,12 +149,12 @@ def decide_gate(
             reasons[sid] = f"{level.name.lower()} {kind}: demand {demand} B fits" + (
                 "" if not_overdue else " (overdue)"
             )
-    if num_admitted == 0 and candidates:
-        # Liveness: no grower fits H. Holding every one cannot free memory (only a finishing
-        # action can), so one runs alone: the probe already running keeps running (rotating
-        # probes every period would let none of them finish), else the head once it has
-        # waited past the overdue threshold. The safety margin S absorbs its overshoot
-        # until the next period re-decides. This is the one allowance beyond H.
+    if not allowed and candidates:
+        # Liveness: no grower fits H and nothing else runs, so nothing can finish and free
+        # memory while everyone is held. One runs alone: the probe already running keeps
+        # running (rotating probes every period would let none of them finish), else the
+        # head once it has waited past the overdue threshold. The safety margin S absorbs
+        # its overshoot until the next period re-decides. The one allowance beyond H.
         running = [c for c in candidates if c[1] == GrowthState.GROWING]
         chosen = running[0] if running else candidates[0] if not candidates[0][0] else None
         if chosen is not None:

@@ -406,6 +406,12 @@ class Runtime:
 
     async def tick(self) -> None:
         now = self.clock.now()
+        budget = self.domain.budget_bytes
+        if self.admission is not None and budget is not None:
+            window = self.config.window_bytes(budget)
+            if window != self.admission.window_bytes:  # the budget moved; W follows it
+                self.admission.set_window(window)
+                self.events.emit("window", window_bytes=window, budget_bytes=budget)
         pressure = await self.execution.tick(now, list(self.actions.values()))
         if self.spec.use_residency:
             self.boundary.reclaim(pressure)

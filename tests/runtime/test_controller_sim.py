@@ -1,0 +1,266 @@
+"""The runtime's contract, on the simulated host: outcomes, charges, residency, baselines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenon.clock import FakeClock, run_simulated
+from tenon.errors import ConfigError
+from tenon.host.types import CgroupVersion
+from tenon.policy.config import PolicyConfig
+from tenon.predict.static import FixedPredictor
+from tenon.runtime.controller import Runtime
+from tenon.runtime.events import read_events
+from tenon.runtime.residency import run_inline
+from tenon.runtime.results import Outcome, WorkflowFailed
+from tenon.runtime.simulate import SimAction, SimWorkflow, simulate
+from tenon.sandbox.base import ProcessInfo
+from tenon.sandbox.sim import SimBackend, SimDomain, sim_load_command
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+def load(avg_mib: int, peak_mib: int, duration_s: float, resident_mib: int = 0) -> str:
+    return sim_load_command(avg_mib * MIB, peak_mib * MIB, duration_s, resident_mib * MIB)
+
+
+def run_with_runtime(
+    tmp_path: Path,
+    body: Callable[[Runtime, SimDomain, SimBackend, FakeClock], Awaitable[Any]],
+    *,
+    budget_bytes: int = GIB,
+    policy: str = "tenon",
+    config: PolicyConfig | None = None,
+    version: CgroupVersion = CgroupVersion.V2,
+    predictor: Any = None,
+    event_log: Path | None = None,
+) -> Any:
+    clock = FakeClock()
+    domain = SimDomain(budget_bytes, version=version)
+    backend = SimBackend(domain, clock)
+
+    async def main() -> Any:
+        runtime = Runtime(domain=domain, backend=backend, state_dir=tmp_path / "state",
+                          policy=policy, config=config, clock=clock, keep_events=True,
+                          predictor=predictor or FixedPredictor(100 * MIB, 200 * MIB),
+                          blocking=run_inline, event_log=event_log)
+        async with runtime:
+            return await body(runtime, domain, backend, clock)
+
+    return asyncio.run(run_simulated(main(), clock))
+
+
+def test_action_reports_output_exit_code_and_memory_figures(tmp_path: Path) -> None:
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        return await agent.run(load(100, 300, 4.0, 20), timeout=60)
+
+    result = run_with_runtime(tmp_path, body)
+    assert result.outcome is Outcome.OK
+    assert result.exit_code == 0
+    assert "sim load done" in result.output
+    assert result.duration_s == pytest.approx(4.0, abs=0.2)
+    assert result.peak_memory_bytes == 300 * MIB
+    # time-average of the profile (avg 100 MiB), from 100 ms samples
+    assert 70 * MIB < result.avg_memory_bytes < 130 * MIB
+    assert result.predicted_peak_bytes == 200 * MIB
+
+
+def test_oom_kill_fails_the_attempt_and_is_reported(tmp_path: Path) -> None:
+    async def body(rt, domain, backend, clock):
+        a, b = await rt.create_agent(image="sim"), await rt.create_agent(image="sim")
+        results = await asyncio.gather(a.run(load(600, 700, 3.0), timeout=60),
+                                       b.run(load(500, 600, 3.0), timeout=60))
+        victim = a if results[0].outcome is Outcome.OOM_KILLED else b
+        with pytest.raises(WorkflowFailed):
+            await victim.run(load(10, 10, 1.0), timeout=60)
+        return results, victim.failed, rt.events.of_kind("oom_kill")
+
+    (first, second), failed, oom_events = run_with_runtime(tmp_path, body, policy="eager")
+    outcomes = {first.outcome, second.outcome}
+    assert Outcome.OOM_KILLED in outcomes
+    assert Outcome.OK in outcomes
+    assert failed
+    assert len(oom_events) == 1
+
+
+def test_timeout_is_reported_distinctly_and_the_agent_goes_on(tmp_path: Path) -> None:
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        slow = await agent.run(load(50, 50, 30.0), timeout=2.0)
+        after = await agent.run(load(50, 50, 1.0), timeout=10.0)
+        return slow, after
+
+    slow, after = run_with_runtime(tmp_path, body)
+    assert slow.outcome is Outcome.TIMEOUT
+    assert not slow.outcome.fails_attempt
+    assert slow.duration_s == pytest.approx(2.0, abs=0.2)
+    assert after.outcome is Outcome.OK
+
+
+def test_every_admitted_charge_is_released_exactly_once_even_on_failures() -> None:
+    # tenon-no-gate lets this burst hit OOM kills; charges must still all come back
+    action = SimAction(250 * MIB, 450 * MIB, 2.0, 0)
+    workflows = [SimWorkflow([action] * 2) for _ in range(8)]
+    report = simulate(workflows, budget_bytes=GIB, policy="tenon-no-gate",
+                      predictor=FixedPredictor(100 * MIB, 150 * MIB))
+    assert report.num_oom_kills > 0
+    admits = [e["action_id"] for e in report.of_kind("admit")]
+    releases = [e["action_id"] for e in report.of_kind("release")]
+    assert sorted(admits) == sorted(releases)
+    assert len(set(admits)) == len(admits)
+    assert report.runtime.admission is not None
+    assert report.runtime.admission.admitted_total_bytes == 0
+    assert not report.runtime.admission.charges
+
+
+def test_idle_sandbox_is_torn_down_under_pressure_and_rebuilt_for_the_next_action(
+    tmp_path: Path,
+) -> None:
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        # leaves 700 MiB resident on a 1 GiB budget: yellow or red once idle
+        await agent.run(load(700, 700, 1.0, 700), timeout=60)
+        await clock.sleep(3.0)
+        usage_while_idle = domain.usage_bytes()
+        second = await agent.run(load(10, 20, 1.0), timeout=60)
+        return usage_while_idle, second, rt.residency.sandbox_for(agent.id)
+
+    usage_idle, second, sandbox = run_with_runtime(tmp_path, body)
+    assert usage_idle < 100 * MIB  # the idle sandbox's memory went back to the domain
+    assert second.outcome is Outcome.OK
+    assert "-g2-" in sandbox.spec.sandbox_id  # rebuilt: a second generation
+
+
+def test_resident_only_sandbox_is_never_torn_down(tmp_path: Path) -> None:
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(10, 20, 0.5), timeout=60)
+        sandbox = rt.residency.sandbox_for(agent.id)
+        sandbox.leftover_processes = [ProcessInfo(4242, 1, "postgres -D /workspace/db")]
+        await agent.run(load(700, 700, 1.0, 700), timeout=60)
+        await clock.sleep(5.0)  # red the whole time: reclaim would pick it if it could
+        still = rt.residency.sandbox_for(agent.id)
+        return sandbox, still, sandbox.destroyed, rt.events.of_kind("residency")
+
+    before, after, destroyed, decisions = run_with_runtime(tmp_path, body)
+    assert after is before
+    assert not destroyed
+    assert decisions[-1]["restartable"] is False
+    assert "process" in decisions[-1]["eligibility"]
+
+
+def test_static_n_never_runs_more_than_n_workflows() -> None:
+    action = SimAction(50 * MIB, 60 * MIB, 1.0, 0, model_wait_s=0.5)
+    report = simulate([SimWorkflow([action] * 3) for _ in range(9)], budget_bytes=4 * GIB,
+                      policy="static-3")
+    assert all(r.completed for r in report.runs)
+    live = 0
+    max_live = 0
+    for e in report.events:
+        if e["kind"] == "workflow_start":
+            live += 1
+        elif e["kind"] == "workflow_end":
+            live -= 1
+        max_live = max(max_live, live)
+    assert max_live == 3
+
+
+def test_reservation_admits_by_profiled_peaks_and_needs_them(tmp_path: Path) -> None:
+    small = SimWorkflow([SimAction(100 * MIB, 400 * MIB, 2.0, 0)])
+    report = simulate([small] * 6, budget_bytes=GIB, policy="reservation")
+    assert report.num_oom_kills == 0
+    starts = sorted(e["t"] for e in report.of_kind("workflow_start"))
+    assert starts[:2] == [0.0, 0.0]
+    assert starts[2] > 0.0
+
+    async def body(rt, domain, backend, clock):
+        with pytest.raises(ConfigError, match="profiled peak"):
+            await rt.create_agent(image="sim")
+
+    run_with_runtime(tmp_path, body, policy="reservation")
+
+
+def test_agentcgroup_marks_low_sandboxes_v2_and_throttles_them_v1(tmp_path: Path) -> None:
+    async def body(rt, domain, backend, clock):
+        low = await rt.create_agent(image="sim", profile_peak_bytes=100 * MIB)
+        high = await rt.create_agent(image="sim", profile_peak_bytes=900 * MIB)
+        await asyncio.gather(low.run(load(450, 500, 2.0), timeout=600),
+                             high.run(load(100, 200, 1.0), timeout=600))
+        cgroups = {s.spec.sandbox_id.split("-g")[0]: s.cgroup for s in backend.sandboxes}
+        return cgroups[low.id], cgroups[high.id], rt.events.of_kind("throttle")
+
+    low_v2, high_v2, _ = run_with_runtime(tmp_path / "v2", body, policy="agentcgroup",
+                                          budget_bytes=2 * GIB)
+    assert low_v2.memory_high_bytes == 400 * MIB
+    assert high_v2.memory_high_bytes is None
+    low_v1, _, throttles = run_with_runtime(tmp_path / "v1", body, policy="agentcgroup",
+                                            budget_bytes=2 * GIB, version=CgroupVersion.V1)
+    assert low_v1.memory_high_bytes is None
+    assert [e["throttled"] for e in throttles][:1] == [True]  # over 400 MiB: throttled
+    assert low_v1.cpu_fraction is None  # released when the action ended
+
+
+def test_event_log_is_json_lines_with_time_and_kind(tmp_path: Path) -> None:
+    log = tmp_path / "run" / "events.jsonl"
+
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(10, 20, 1.0), timeout=60)
+        await agent.close()
+
+    run_with_runtime(tmp_path, body, event_log=log)
+    events = read_events(log)
+    kinds = [e["kind"] for e in events]
+    for kind in ("runtime_start", "action_ready", "admit", "action_start", "action_done",
+                 "release", "residency", "workflow_end", "runtime_stop"):
+        assert kind in kinds
+    assert all(isinstance(e["t"], float | int) for e in events)
+    log.write_text(log.read_text() + '{"t": 9, "kind": "torn')  # a crash mid-write
+    assert len(read_events(log)) == len(events)
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match=":2:"):
+        read_events(log)
+    assert json.loads(lines[0])["kind"] == "runtime_start"
+
+
+def test_controller_restart_recovers_torn_down_agents_from_their_records(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    domain = SimDomain(GIB)
+    backend = SimBackend(domain, clock)
+
+    def make() -> Runtime:
+        return Runtime(domain=domain, backend=backend, state_dir=tmp_path, clock=clock,
+                       blocking=run_inline, keep_events=True)
+
+    async def main() -> tuple[str, str]:
+        first = make()
+        await first.start()
+        agent = await first.create_agent(image="sim")
+        await agent.run(load(700, 700, 1.0, 700), timeout=60)  # torn down once idle
+        await clock.sleep(2.0)
+        assert first.residency.sandbox_for(agent.id) is None
+        # the controller dies: no close(), its loop simply stops
+        assert first._loop_task is not None
+        first._loop_task.cancel()
+        second = make()
+        await second.start()
+        (recovered,) = second.recover()
+        result = await recovered.run(load(10, 20, 1.0), timeout=60)
+        sandbox = second.residency.sandbox_for(recovered.id)
+        await second.close()
+        return result.outcome.value, sandbox.spec.sandbox_id
+
+    outcome, sandbox_id = asyncio.run(run_simulated(main(), clock))
+    assert outcome == "ok"
+    assert "-g2-" in sandbox_id
