@@ -136,6 +136,9 @@ def test_readings_grow_for_a_busy_process(domain):
         assert after.usage_bytes - before.usage_bytes > 30 * MIB
         assert after.peak_bytes >= after.usage_bytes
         assert after.cpu_usage_s - before.cpu_usage_s > 0.2
+        usage, cpu_s = box.sample()  # the execution loop's cheap read agrees
+        assert abs(usage - after.usage_bytes) < 4 * MIB
+        assert abs(cpu_s - after.cpu_usage_s) < 0.1
         assert box.pids() == [proc.pid]
     finally:
         box.remove()

@@ -65,6 +65,7 @@ def test_readings_sum_memory_and_swap_and_roll_up(tmp_path):
     assert reading.cpu_usage_s == 2.5
     assert reading.limit_bytes is None
     assert reading.num_oom_kills == 0
+    assert box.sample() == (110 * MIB, 2.5)  # the execution loop's cheap read agrees
     whole = domain.reading()
     assert whole.usage_bytes == 130 * MIB
     assert whole.limit_bytes == 512 * MIB

@@ -120,6 +120,52 @@ def bench_lifecycle_cmd(
         json_path.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def _write_json(result: dict[str, object], json_path: Path | None) -> None:
+    console.print_json(json.dumps(result))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+JsonOut = Annotated[Path | None, typer.Option("--json", help="Write results here.")]
+
+
+@bench_app.command("gate")
+def bench_gate_cmd(
+    sandboxes: Annotated[int, typer.Option(help="Live sandboxes the gate decides for.")] = 1000,
+    iterations: Annotated[int, typer.Option(help="Decisions timed.")] = 200,
+    json_path: JsonOut = None,
+) -> None:
+    """Time one execution-gate decision (observe + decide) for N sandboxes."""
+    from tenon.policy.bench import bench_gate
+
+    try:
+        result = bench_gate(sandboxes, iterations)
+    except ValueError as exc:
+        _fail(exc)
+    _write_json(dict(result), json_path)
+
+
+@bench_app.command("sampling")
+def bench_sampling_cmd(
+    sandboxes: Annotated[int, typer.Option(help="Real sandboxes sampled.")] = 100,
+    seconds: Annotated[float, typer.Option(help="How long to sample.")] = 10.0,
+    backend: Annotated[str, typer.Option(help="process or docker")] = "process",
+    json_path: JsonOut = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+    image: Image = DEFAULT_IMAGE,
+) -> None:
+    """CPU cost of the execution loop sampling N real sandboxes every 100 ms."""
+    from tenon.runtime.bench import bench_sampling
+
+    try:
+        result = asyncio.run(bench_sampling(num_sandboxes=sandboxes, seconds=seconds,
+                                            backend=backend, state_dir=state_dir, image=image))
+    except (TenonError, ValueError) as exc:
+        _fail(exc)
+    _write_json(dict(result), json_path)
+
+
 @app.command()
 def demo(
     backend: Annotated[str, typer.Option(help="process or docker")] = "process",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,14 @@ _POLL_S = 0.0005
 _V1_FROZEN, _V1_THAWED = "FROZEN", "THAWED"  # "FREEZING" is the transition in between
 
 
+def _read_raw(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class SandboxCgroup:
     """One sandbox's cgroup: a directory per v1 controller, or one v2 directory."""
@@ -30,6 +39,7 @@ class SandboxCgroup:
     layout: CgroupLayout
     dirs: dict[str, Path]  # controller -> directory (v2: every controller -> the same dir)
     _seen_oom_kills: int = field(default=0)
+    _sample_paths: tuple[str, str, str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def _v1(self) -> bool:
@@ -118,6 +128,42 @@ class SandboxCgroup:
         ooms = read_keyed(mem / "memory.events").get("oom_kill", 0)
         limit = None if limit_text == "max" else int(limit_text)
         return MemoryReading(usage, peak, limit, cpu_s, ooms)
+
+    def sample(self) -> tuple[int, float]:
+        """(usage_bytes, cpu_usage_s): the two figures the execution loop needs each period.
+
+        The hot path: with 100 sandboxes sampled every 100 ms this runs 1,000 times a second,
+        so it reads just two files with raw os calls on paths resolved once (`reading()`
+        reads five, through pathlib, and is for everything else).
+        """
+        paths = self._sample_paths
+        if paths is None:
+            paths = self._sample_paths = self._resolve_sample_paths()
+        usage_path, swap_path, cpu_path = paths
+        try:
+            usage = int(_read_raw(usage_path).split()[0])
+            if swap_path:
+                usage += int(_read_raw(swap_path).split()[0])
+            raw_cpu = _read_raw(cpu_path)
+        except OSError as exc:
+            raise HostError(f"cannot sample cgroup of {self.sandbox_id}: {exc}") from exc
+        if self._v1:
+            return usage, int(raw_cpu.split()[0]) / 1e9
+        for line in raw_cpu.splitlines():  # cpu.stat starts with usage_usec
+            if line.startswith(b"usage_usec "):
+                return usage, int(line.split()[1]) / 1e6
+        return usage, 0.0
+
+    def _resolve_sample_paths(self) -> tuple[str, str, str]:
+        mem = self._dir("memory")
+        if self._v1:
+            usage = mem / "memory.memsw.usage_in_bytes"
+            if not usage.exists():
+                usage = mem / "memory.usage_in_bytes"
+            return str(usage), "", str(self._dir("cpuacct") / "cpuacct.usage")
+        swap = mem / "memory.swap.current"
+        return (str(mem / "memory.current"), str(swap) if swap.exists() else "",
+                str(mem / "cpu.stat"))
 
     def pressure(self) -> PressureReading | None:
         """This cgroup's memory PSI (v2 only; None on v1 or without PSI)."""

@@ -108,17 +108,15 @@ class ExecutionLoop:
         for action in started:
             assert action.meter is not None
             try:
-                reading = action.meter.reading()
+                usage_bytes, cpu_usage_s = action.meter.sample()
             except (HostError, OSError) as exc:  # the sandbox vanished between listing and read
                 logger.debug("sample of %s failed: %r", action.gate_id, exc)
                 continue
-            action.last_usage_bytes = reading.usage_bytes
+            action.last_usage_bytes = usage_bytes
             if action.stats is not None:
-                action.stats.add(now, reading.usage_bytes)
+                action.stats.add(now, usage_bytes)
             samples.append(
-                SandboxSample(
-                    action.gate_id, now, reading.usage_bytes, reading.cpu_usage_s, action.allowed
-                )
+                SandboxSample(action.gate_id, now, usage_bytes, cpu_usage_s, action.allowed)
             )
         domain_reading = self._domain.reading()
         pressure = self.pressure(actions, domain_reading)

@@ -50,6 +50,10 @@ class SandboxMeter(Protocol):
 
     def reading(self) -> MemoryReading: ...
 
+    def sample(self) -> tuple[int, float]:
+        """(usage_bytes, cpu_usage_s), cheaply: the execution loop's per-period read."""
+        ...
+
     def new_oom_kills(self) -> int:
         """OOM kills in this cgroup since the previous call."""
         ...

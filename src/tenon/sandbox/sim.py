@@ -181,6 +181,9 @@ class SimCgroup:
         return MemoryReading(self.usage_bytes, self.peak_bytes, None, self.cpu_usage_s,
                              self._oom_kills)
 
+    def sample(self) -> tuple[int, float]:
+        return self.usage_bytes, self.cpu_usage_s
+
     def new_oom_kills(self) -> int:
         fresh, self._seen_oom_kills = self._oom_kills - self._seen_oom_kills, self._oom_kills
         return fresh
