@@ -33,8 +33,9 @@ def _need_real_sandboxes() -> None:
         pytest.skip("base image missing: run `tenon image build`")
 
 
-async def _burst(policy: str, tmp_path: Path) -> list[list[ActionResult]]:
-    async with open_runtime(budget_bytes=BUDGET, backend="process", state_dir=STATE_DIR,
+async def _burst(policy: str, tmp_path: Path, *, backend: str = "process",
+                 num_workflows: int = NUM_WORKFLOWS) -> list[list[ActionResult]]:
+    async with open_runtime(budget_bytes=BUDGET, backend=backend, state_dir=STATE_DIR,
                             run_dir=tmp_path / policy, policy=policy,
                             predictor=FixedPredictor(AVG, PEAK)) as rt:
 
@@ -52,7 +53,7 @@ async def _burst(policy: str, tmp_path: Path) -> list[list[ActionResult]]:
                 await agent.close()
             return results
 
-        return await asyncio.gather(*(workflow() for _ in range(NUM_WORKFLOWS)))
+        return await asyncio.gather(*(workflow() for _ in range(num_workflows)))
 
 
 async def test_burst_at_4x_the_budget_tenon_has_no_oom_kill_eager_does(tmp_path: Path) -> None:
@@ -80,3 +81,19 @@ async def test_sampling_bench_reports_its_keys_and_cleans_up() -> None:
     assert 0.0 < result["cpu_pct_of_one_core"] < 100.0
     assert result["ticks"] >= 4
     assert not glob.glob("/sys/fs/cgroup/*/tenon-bench-*/")
+
+
+@pytest.mark.docker
+async def test_burst_on_docker_tenon_has_no_oom_kill_eager_does(tmp_path: Path) -> None:
+    _need_real_sandboxes()
+    import docker
+
+    try:
+        docker.from_env().ping()
+    except Exception as exc:  # no daemon: skipped here, a failure in CI (conftest)
+        pytest.skip(f"no Docker Engine: {exc}")
+    tenon = await _burst("tenon", tmp_path, backend="docker", num_workflows=6)
+    assert [r.outcome for results in tenon for r in results] == [Outcome.OK] * 12
+    eager = await _burst("eager", tmp_path, backend="docker", num_workflows=6)
+    assert Outcome.OOM_KILLED in [r.outcome for results in eager for r in results]
+    assert not docker.from_env().containers.list(all=True, filters={"label": "tenon.domain"})

@@ -135,7 +135,9 @@ class Runtime:
         self.clock = clock or SystemClock()
         self.domain = domain
         self.backend = backend
-        self.predictor = predictor or StaticPredictor(heavy_peak_bytes=self.config.heavy_peak_bytes)
+        if predictor is None or self.spec.static_predictor:  # the ablation forces static
+            predictor = StaticPredictor(heavy_peak_bytes=self.config.heavy_peak_bytes)
+        self.predictor = predictor
         self.events = EventLog(event_log, self.clock.now, keep_in_memory=keep_events)
         self._blocking = blocking
         self._backend_config = dict(backend_config or {})
