@@ -13,7 +13,7 @@ from tenon.policy import (
     choose_reclaim,
     decide_gate,
 )
-from tenon.policy.growth import projected_demand_bytes
+from tenon.policy.gate import gate_demand_bytes
 
 from .factories import MIB, make_estimate, make_idle, make_request
 
@@ -36,17 +36,22 @@ def _estimates(items: list[tuple[float | None, bool]]):
     st.integers(0, 2048 * MIB),
     st.integers(1, 4),
     st.dictionaries(st.sampled_from([f"sb-{i}" for i in range(40)]), st.floats(0, 10)),
+    st.integers(0, 2048 * MIB),
+    st.dictionaries(st.sampled_from([f"sb-{i}" for i in range(40)]),
+                    st.integers(-64 * MIB, 512 * MIB)),
 )
-def test_gate_invariants(items, level, headroom, b, denied_since) -> None:
+def test_gate_invariants(items, level, headroom, b, denied_since, free, caps) -> None:
     ests = _estimates(items)
     now = 10.0
-    d = decide_gate(ests, level, headroom, now, CONFIG, budget_b=b, denied_since=denied_since)
+    d = decide_gate(ests, level, headroom, now, CONFIG, budget_b=b, denied_since=denied_since,
+                    growth_caps=caps, free_bytes=free)
     assert d.allowed | d.denied == frozenset(ests)
     assert not d.allowed & d.denied
     if level is Pressure.GREEN:
         assert d.allowed == frozenset(ests)
         return
-    positive = [s for s in d.allowed if projected_demand_bytes(ests[s], CONFIG) > 0]
+    demand = {s: gate_demand_bytes(ests[s], caps.get(s), CONFIG) for s in ests}
+    positive = [s for s in d.allowed if demand[s] > 0]
     probes = [s for s in positive if "probe" in d.reasons[s] and "fits" not in d.reasons[s]]
     if probes:
         # The one allowance beyond H: a lone probe when nothing fits, either the grower that
@@ -58,8 +63,14 @@ def test_gate_invariants(items, level, headroom, b, denied_since) -> None:
         overdue = probe in denied_since and now - denied_since[probe] >= CONFIG.overdue_after_s
         assert was_running or overdue
         return
-    assert sum(projected_demand_bytes(ests[s], CONFIG) for s in positive) <= headroom
-    assert len(positive) <= (1 if level is Pressure.RED else b)
+    assert sum(demand[s] for s in positive) <= headroom
+    above_line = [s for s in positive if "above the yellow line" in d.reasons[s]]
+    if level is Pressure.RED:
+        assert not above_line
+        assert len(positive) <= 1
+    else:
+        assert sum(demand[s] for s in above_line) <= free
+        assert len(positive) - len(above_line) <= b
 
 
 def test_overdue_head_probes_alone_when_nothing_fits() -> None:

@@ -60,8 +60,10 @@ async def test_burst_at_4x_the_budget_tenon_has_no_oom_kill_eager_does(tmp_path:
     _need_real_sandboxes()
     assert NUM_WORKFLOWS * PEAK >= 4 * BUDGET
     tenon = await _burst("tenon", tmp_path)
-    outcomes = [r.outcome for results in tenon for r in results]
-    assert outcomes == [Outcome.OK] * (NUM_WORKFLOWS * NUM_STEPS)
+    odd = [(r.outcome, r.exit_code, r.duration_s, r.output[-300:])
+           for results in tenon for r in results if r.outcome is not Outcome.OK]
+    assert not odd
+    assert sum(len(results) for results in tenon) == NUM_WORKFLOWS * NUM_STEPS
     # the load program really reached its peak in every sandbox
     assert all(r.peak_memory_bytes >= PEAK for results in tenon for r in results)
 
@@ -93,7 +95,10 @@ async def test_burst_on_docker_tenon_has_no_oom_kill_eager_does(tmp_path: Path) 
     except Exception as exc:  # no daemon: skipped here, a failure in CI (conftest)
         pytest.skip(f"no Docker Engine: {exc}")
     tenon = await _burst("tenon", tmp_path, backend="docker", num_workflows=6)
-    assert [r.outcome for results in tenon for r in results] == [Outcome.OK] * 12
+    odd = [(r.outcome, r.exit_code, r.duration_s, r.output[-300:])
+           for results in tenon for r in results if r.outcome is not Outcome.OK]
+    assert not odd
+    assert sum(len(results) for results in tenon) == 12
     eager = await _burst("eager", tmp_path, backend="docker", num_workflows=6)
     assert Outcome.OOM_KILLED in [r.outcome for results in eager for r in results]
     assert not docker.from_env().containers.list(all=True, filters={"label": "tenon.domain"})

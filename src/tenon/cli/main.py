@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+from rich.markdown import Markdown
 from rich.table import Table
 
 from tenon.errors import TenonError
@@ -18,7 +21,7 @@ from tenon.units import parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 image_app = typer.Typer(no_args_is_help=True, help="Build and inspect the base image.")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
+bench_app = typer.Typer(help="The replay bench (with --trace) and micro-benchmarks.")
 app.add_typer(image_app, name="image")
 app.add_typer(bench_app, name="bench")
 
@@ -28,6 +31,7 @@ DEFAULT_IMAGE = "tenon-base:bookworm"
 
 StateDir = Annotated[Path, typer.Option(help="Tenon's state directory.")]
 Image = Annotated[str, typer.Option(help="Base image name.")]
+JsonOut = Annotated[Path | None, typer.Option("--json", help="Write results here.")]
 
 
 def _fail(exc: Exception) -> None:
@@ -70,6 +74,68 @@ def image_build(
     except TenonError as exc:
         _fail(exc)
     console.print(f"base image {image}: {info}")
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_replay_cmd(
+    ctx: typer.Context,
+    trace: Annotated[Path | None, typer.Option(help="Trace to replay (tenon-trace JSONL).")] = None,
+    budget: Annotated[str, typer.Option(help="Memory budget of the workload domain.")] = "3GiB",
+    policies: Annotated[str, typer.Option(help="Comma-separated policies, run in turn.")] = (
+        "tenon,eager,static-4,reservation,agentcgroup"),
+    backend: Annotated[str, typer.Option(help="process, docker or sim")] = "process",
+    speed: Annotated[float, typer.Option(help="Divide model waits and durations by K.")] = 1.0,
+    qps: Annotated[str | None, typer.Option(help="Burst rate (a list sweeps it); "
+                                                  "default: trace times.")] = None,
+    window: Annotated[str, typer.Option(help="Burst length at --qps.")] = "10s",
+    workflows: Annotated[int | None, typer.Option(help="Number of workflows to submit.")] = None,
+    retries: Annotated[int, typer.Option(help="Re-runs of a failed attempt.")] = 5,
+    setting: Annotated[list[str] | None, typer.Option(
+        "--set", help="Policy parameter key=value (repeatable).")] = None,
+    sweep: Annotated[str | None, typer.Option(help="param=v1,v2,... (qps, red_fraction, "
+                     "yellow_fraction, admission_window_bytes, lifecycle_limit)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
+    json_path: JsonOut = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Replay a trace under a budget with every policy, side by side."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if trace is None:
+        console.print(ctx.get_help())
+        raise typer.Exit(2)
+    from tenon.cli.bench import parse_seconds, parse_settings, run_cli_bench
+
+    try:
+        out_dir = out or Path("bench/runs") / time.strftime("%Y%m%d-%H%M%S")
+        base = {
+            "trace": trace, "budget_bytes": parse_size(budget, what="--budget"),
+            "policies": [p.strip() for p in policies.split(",") if p.strip()],
+            "backend": backend, "speed": speed,
+            "window_s": parse_seconds(window, what="--window"), "num_workflows": workflows,
+            "max_retries": retries, "policy_config": parse_settings(setting or []),
+            "state_dir": state_dir, "out_dir": out_dir,
+        }
+        run_cli_bench(console=console, base=base, sweep=sweep, qps=qps, json_path=json_path)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: sandboxes and cgroups removed; partial "
+                      f"results in {out_dir}/summary.json")
+        raise typer.Exit(130) from None
+    except (TenonError, ValidationError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A bench run directory.")]) -> None:
+    """Redraw a bench run's table and plots from its summary and event logs."""
+    from tenon.replay.report import draw, load_summary, table_markdown
+
+    try:
+        written = draw(run_dir)
+        console.print(Markdown(table_markdown(load_summary(run_dir))))
+    except (TenonError, ValueError, OSError) as exc:
+        _fail(exc)
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
 @bench_app.command("lifecycle")
@@ -125,9 +191,6 @@ def _write_json(result: dict[str, object], json_path: Path | None) -> None:
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result, indent=2) + "\n")
-
-
-JsonOut = Annotated[Path | None, typer.Option("--json", help="Write results here.")]
 
 
 @bench_app.command("gate")

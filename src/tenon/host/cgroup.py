@@ -40,6 +40,8 @@ class SandboxCgroup:
     dirs: dict[str, Path]  # controller -> directory (v2: every controller -> the same dir)
     _seen_oom_kills: int = field(default=0)
     _sample_paths: tuple[str, str, str] | None = field(default=None, repr=False, compare=False)
+    _held_since: float | None = field(default=None, repr=False, compare=False)
+    _held_total_s: float = field(default=0.0, repr=False, compare=False)
 
     @property
     def _v1(self) -> bool:
@@ -203,11 +205,27 @@ class SandboxCgroup:
 
     def freeze(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
         """Deny execution: the cgroup's processes stop (idempotent)."""
-        return self._set_frozen(True, timeout_s)
+        result = self._set_frozen(True, timeout_s)
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+        return result
 
     def thaw(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
         """Allow execution again (idempotent)."""
-        return self._set_frozen(False, timeout_s)
+        result = self._set_frozen(False, timeout_s)
+        if self._held_since is not None:
+            self._held_total_s += time.monotonic() - self._held_since
+            self._held_since = None
+        return result
+
+    def held_s(self) -> float:
+        """Seconds this cgroup has been held frozen through `freeze()`, in total so far.
+
+        An action's timeout counts its running time only: time the gate held it is the
+        controller's doing, not the command's.
+        """
+        current = 0.0 if self._held_since is None else time.monotonic() - self._held_since
+        return self._held_total_s + current
 
     def kill_all(self, timeout_s: float = 5.0) -> None:
         """SIGKILL every process until the cgroup is empty."""

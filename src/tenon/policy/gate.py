@@ -6,8 +6,8 @@ that folds samples, steps the AIMD budget and remembers denial times.
 
 Invariants (property-tested):
 - green allows every sandbox;
-- under yellow at most b positive-demand sandboxes are allowed and their
-  demands sum to at most H; under red at most one, and only if it fits H;
+- the allowed positive demands sum to at most H; under yellow, beyond those that fit
+  in the headroom above the yellow line, at most b more; under red at most one;
 - liveness: when no positive-demand sandbox fits H and no other sandbox runs, exactly one
   still runs alone as a probe: the one already running, else one denied for at least
   `overdue_after_s` (the only allowance beyond H);
@@ -73,6 +73,33 @@ class GateDecision:
     reasons: Mapping[str, str]
 
 
+def gate_demand_bytes(
+    estimate: GrowthEstimate, cap_bytes: int | None, config: PolicyConfig
+) -> int:
+    """A sandbox's demand for the gate: projected growth over the horizon, bounded by its
+    admitted prediction.
+
+    `cap_bytes` is what the prediction says the action still has to grow (predicted peak
+    less current usage), or None without a prediction. Before the first valid sample the
+    prediction *is* the demand (the fixed bootstrap demand only stands in without one).
+    Afterwards the projection is capped by it: the EWMA remembers a ramp for a second after
+    it ends, and a held sandbox's estimate cannot decay at all, so without the cap a
+    sandbox at its peak would look like a fast grower indefinitely. A cap <= 0 (the action
+    reached its prediction, which is then no guide) leaves the bootstrap demand. Demand
+    within the resident band over the horizon is zero, as for a measured rate.
+    """
+    bootstrap = config.bootstrap_demand_bytes
+    if estimate.rate_bytes_per_s is None:
+        demand = bootstrap if cap_bytes is None or cap_bytes <= 0 else cap_bytes
+    else:
+        demand = projected_demand_bytes(estimate, config)
+        if demand > 0 and cap_bytes is not None:
+            demand = min(demand, cap_bytes if cap_bytes > 0 else bootstrap)
+    if cap_bytes is not None and demand <= config.resident_band_bytes_per_s * config.horizon_s:
+        return 0
+    return demand
+
+
 def decide_gate(
     estimates: Mapping[str, GrowthEstimate],
     level: Pressure,
@@ -83,15 +110,17 @@ def decide_gate(
     budget_b: int,
     denied_since: Mapping[str, float],
     growth_caps: Mapping[str, int] | None = None,
+    free_bytes: int = 0,
 ) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort.
 
-    `growth_caps` bounds a sandbox's projected demand by what its admitted prediction says
-    it still has to grow (predicted peak less current usage): the EWMA remembers a ramp for
-    a second after it ends, and a held sandbox's estimate cannot decay at all, so without
-    the cap a sandbox at its peak would look like a fast grower indefinitely. A cap <= 0
-    (the sandbox reached its prediction) leaves it the bootstrap demand: it still takes a
-    growth slot, so yellow and red still bound how many such sandboxes grow at once.
+    `growth_caps` bounds demands by the admitted predictions (see `gate_demand_bytes`).
+    `free_bytes` is the part of H above the yellow line: under yellow, growers whose
+    demands fit there run as they would under green, and the b slots are for growth that
+    digs into the yellow region. Yellow is mostly *predicted* risk (admitted actions may
+    still grow); physical room above the line is not at risk, and without this rule a
+    busy domain would serialize every action's start through one slot. Red has no such
+    room (H is below the red line).
     """
     if level is Pressure.GREEN:
         return GateDecision(
@@ -103,6 +132,7 @@ def decide_gate(
             dict.fromkeys(estimates, "green: all allowed"),
         )
     slots = budget_b if level is Pressure.YELLOW else 1
+    free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
     allowed: list[str] = []
     denied: list[str] = []
     reasons: dict[str, str] = {}
@@ -112,10 +142,7 @@ def decide_gate(
     overdue_after = config.overdue_after_s
     caps = growth_caps or {}
     for sid, est in estimates.items():
-        demand = projected_demand_bytes(est, config)
-        cap = caps.get(sid)
-        if cap is not None and demand > 0:
-            demand = min(demand, cap if cap > 0 else config.bootstrap_demand_bytes)
+        demand = gate_demand_bytes(est, caps.get(sid), config)
         if demand <= 0:
             allowed.append(sid)
             reasons[sid] = "no projected growth"
@@ -130,25 +157,29 @@ def decide_gate(
         candidates.append((not overdue, int(classify(est, now, config)), demand, sid))
     candidates.sort()
     used_bytes = 0
-    num_admitted = 0
+    num_slotted = 0
+    name = level.name.lower()
     for not_overdue, _rank, demand, sid in candidates:
-        if num_admitted >= slots:
+        late = "" if not_overdue else " (overdue)"
+        if used_bytes + demand <= free_left:
+            used_bytes += demand
+            allowed.append(sid)
+            reasons[sid] = f"{name}: demand {demand} B fits above the yellow line{late}"
+        elif num_slotted >= slots:
             denied.append(sid)
-            reasons[sid] = f"{level.name.lower()}: all {slots} growth slots taken"
+            reasons[sid] = f"{name}: all {slots} growth slots taken"
         elif used_bytes + demand > headroom_bytes:
             denied.append(sid)
             reasons[sid] = (
-                f"{level.name.lower()}: demand {demand} B does not fit "
-                f"headroom left {headroom_bytes - used_bytes} B"
+                f"{name}: demand {demand} B does not fit headroom left "
+                f"{headroom_bytes - used_bytes} B"
             )
         else:
             used_bytes += demand
-            num_admitted += 1
+            num_slotted += 1
             allowed.append(sid)
-            kind = "probe" if level is Pressure.RED else f"slot {num_admitted}/{slots}"
-            reasons[sid] = f"{level.name.lower()} {kind}: demand {demand} B fits" + (
-                "" if not_overdue else " (overdue)"
-            )
+            kind = "probe" if level is Pressure.RED else f"slot {num_slotted}/{slots}"
+            reasons[sid] = f"{name} {kind}: demand {demand} B fits{late}"
     if not allowed and candidates:
         # Liveness: no grower fits H and nothing else runs, so nothing can finish and free
         # memory while everyone is held. One runs alone: the probe already running keeps
@@ -162,7 +193,7 @@ def decide_gate(
             denied.remove(sid)
             allowed.append(sid)
             kind = "running probe continues" if running else "overdue probe"
-            reasons[sid] = f"{level.name.lower()} {kind}: nothing else may grow"
+            reasons[sid] = f"{name} {kind}: nothing else may grow"
     return GateDecision(
         frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons
     )
@@ -211,6 +242,7 @@ class GateController:
         headroom_bytes: int,
         now: float,
         growth_caps: Mapping[str, int] | None = None,
+        free_bytes: int = 0,
     ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
         decision = decide_gate(
@@ -222,6 +254,7 @@ class GateController:
             budget_b=self._aimd.b,
             denied_since=self._denied_since,
             growth_caps=growth_caps,
+            free_bytes=free_bytes,
         )
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.

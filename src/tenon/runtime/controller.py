@@ -47,9 +47,9 @@ from tenon.predict.static import StaticPredictor
 from tenon.runtime.agents import AgentState, Lifecycle, Waker
 from tenon.runtime.boundary import Boundary
 from tenon.runtime.events import EventLog
-from tenon.runtime.execution import BlockingRunner, ExecutionLoop, RunningAction
+from tenon.runtime.execution import ExecutionLoop, RunningAction
 from tenon.runtime.recovery import RecoveryStore
-from tenon.runtime.residency import ResidencyManager
+from tenon.runtime.residency import BlockingRunner, ResidencyManager
 from tenon.runtime.results import (
     ActionResult,
     ActionStats,
@@ -153,7 +153,7 @@ class Runtime:
         )
         self.execution = ExecutionLoop(
             domain=domain, config=self.config, events=self.events, use_gate=self.spec.use_gate,
-            agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP, blocking=blocking,
+            agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP,
         )
         self.workflows = WorkflowGate(self.spec, budget)
         self.lifecycle = Lifecycle(self.config.lifecycle_limit)
@@ -194,7 +194,7 @@ class Runtime:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        await self.execution.release_all(self.actions.values())
+        self.execution.release_all(self.actions.values())
         for state in list(self.agents.values()):
             with contextlib.suppress(Exception):
                 await self.close_agent(state)
@@ -343,8 +343,7 @@ class Runtime:
             died = str(exc)
         finally:
             self.execution.end_action(action)
-            if not action.allowed or action.throttled:
-                await self.execution.release_all([action])
+            self.execution.release_all([action])
         end = self.clock.now()
         try:
             last = meter.reading()

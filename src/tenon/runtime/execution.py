@@ -10,7 +10,7 @@ decision is in `policy/`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +29,6 @@ from tenon.sandbox.base import DomainMeter, SandboxMeter
 logger = logging.getLogger(__name__)
 
 THROTTLE_CPU_FRACTION = 0.1  # AgentCgroup on v1: CPU share of a Low sandbox over its mark
-
-BlockingRunner = Callable[..., Awaitable[Any]]
 
 
 @dataclass
@@ -51,9 +49,11 @@ class RunningAction:
     throttled: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
+    done: bool = False  # its exec returned: the gate no longer touches its sandbox
+
     @property
     def started(self) -> bool:
-        return self.meter is not None
+        return self.meter is not None and not self.done
 
 
 def predicted_growth_bytes(actions: Iterable[RunningAction]) -> int:
@@ -72,14 +72,12 @@ class ExecutionLoop:
         events: EventLog,
         use_gate: bool,
         agentcgroup: bool,
-        blocking: BlockingRunner,
     ) -> None:
         self._domain = domain
         self._config = config
         self._events = events
         self._use_gate = use_gate
         self._agentcgroup = agentcgroup
-        self._blocking = blocking
         self.gate = GateController(config)
         self.last_pressure: PressureState | None = None
         self.last_decision: GateDecision | None = None
@@ -94,11 +92,20 @@ class ExecutionLoop:
             budget, reading.usage_bytes, predicted_growth_bytes(actions), self._config
         )
 
+    def free_bytes(self, pressure: PressureState) -> int:
+        """Headroom above the yellow line (growth there is not at risk)."""
+        budget = self._domain.budget_bytes or 0
+        yellow_line = (self._config.red_fraction + self._config.yellow_fraction) * budget
+        return max(int(pressure.headroom_bytes - yellow_line), 0)
+
     def start_action(self, action: RunningAction) -> None:
         """A fresh action starts from bootstrap demand: its sandbox's past says nothing."""
         self.gate.forget(action.gate_id)
 
     def end_action(self, action: RunningAction) -> None:
+        """The action's exec returned. Called synchronously right after, so no tick can act
+        on the sandbox in between: the next action may already be starting in it."""
+        action.done = True
         self.gate.forget(action.gate_id)
 
     async def tick(self, now: float, actions: list[RunningAction]) -> PressureState:
@@ -121,10 +128,12 @@ class ExecutionLoop:
         domain_reading = self._domain.reading()
         pressure = self.pressure(actions, domain_reading)
         self.last_pressure = pressure
+        # Everything from picking `started` to actuating runs without an await: an action
+        # that ends meanwhile could otherwise see its sandbox frozen after it returned.
         if self._use_gate:
-            await self._gate(now, started, samples, pressure)
+            self._gate(now, started, samples, pressure)
         if self._agentcgroup and self._domain.version is CgroupVersion.V1:
-            await self._throttle_v1(started)
+            self._throttle_v1(started)
         key = (pressure.level, len(started), sum(not a.allowed for a in started))
         if key != self._last_logged or self.num_ticks % 10 == 0:
             self._last_logged = key
@@ -142,7 +151,7 @@ class ExecutionLoop:
             )
         return pressure
 
-    async def _gate(
+    def _gate(
         self,
         now: float,
         started: list[RunningAction],
@@ -151,7 +160,8 @@ class ExecutionLoop:
     ) -> None:
         self.gate.observe(samples)
         caps = {a.gate_id: a.prediction.peak_bytes - a.last_usage_bytes for a in started}
-        decision = self.gate.decide(pressure.level, pressure.headroom_bytes, now, caps)
+        decision = self.gate.decide(pressure.level, pressure.headroom_bytes, now, caps,
+                                    free_bytes=self.free_bytes(pressure))
         self.last_decision = decision
         changes = [
             (a, a.gate_id in decision.allowed)
@@ -161,7 +171,7 @@ class ExecutionLoop:
         ]
         if not changes:
             return
-        await self._blocking(self._actuate, changes)
+        self._actuate(changes)
         for action, allow in changes:
             self._events.emit(
                 "gate",
@@ -188,7 +198,7 @@ class ExecutionLoop:
                 logger.warning("gate: %s of %s failed: %r", "thaw" if allow else "freeze",
                                action.gate_id, exc)
 
-    async def _throttle_v1(self, started: list[RunningAction]) -> None:
+    def _throttle_v1(self, started: list[RunningAction]) -> None:
         """AgentCgroup on v1: a Low sandbox over its mark runs at a tenth of a CPU."""
         by_id = {a.gate_id: a for a in started if a.profiled_peak_bytes is not None}
         boxes = [
@@ -202,22 +212,26 @@ class ExecutionLoop:
                 continue
             assert action.meter is not None
             fraction = THROTTLE_CPU_FRACTION if decided.throttle_cpu else None
-            await self._blocking(action.meter.set_cpu_quota, fraction)
+            try:
+                action.meter.set_cpu_quota(fraction)
+            except (HostError, OSError) as exc:
+                logger.warning("throttle of %s failed: %r", action.gate_id, exc)
+                continue
             action.throttled = decided.throttle_cpu
             self._events.emit("throttle", action_id=action.action_id, agent_id=action.agent_id,
                               throttled=action.throttled, reason=decided.reason)
 
-    async def release_all(self, actions: Iterable[RunningAction]) -> None:
-        """Thaw and unthrottle everything (shutdown)."""
+    def release_all(self, actions: Iterable[RunningAction]) -> None:
+        """Thaw and unthrottle (an ended action, or everything at shutdown)."""
         for action in actions:
             if action.meter is None:
                 continue
             try:
                 if not action.allowed:
-                    await self._blocking(action.meter.thaw)
+                    action.meter.thaw()
                     action.allowed = True
                 if action.throttled:
-                    await self._blocking(action.meter.set_cpu_quota, None)
+                    action.meter.set_cpu_quota(None)
                     action.throttled = False
             except (HostError, OSError) as exc:
                 logger.warning("release of %s failed: %r", action.gate_id, exc)

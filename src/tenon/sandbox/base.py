@@ -64,6 +64,10 @@ class SandboxMeter(Protocol):
 
     def thaw(self) -> GateResult: ...
 
+    def held_s(self) -> float:
+        """Total seconds held frozen by the gate (excluded from action timeouts)."""
+        ...
+
     def set_cpu_quota(self, fraction: float | None) -> None: ...
 
     def set_memory_high(self, high_bytes: int | None) -> None: ...
@@ -100,8 +104,9 @@ class Sandbox(Protocol):
     ) -> ExecResult:
         """Run `command` under /bin/sh -c as a fresh process in /workspace.
 
-        On timeout the action's whole process tree is killed and the result has
-        timed_out=True. Never called while the gate holds the sandbox frozen.
+        `timeout_s` bounds the action's running time: time the gate holds the sandbox
+        frozen does not count. On timeout the action's whole process tree is killed and the
+        result has timed_out=True. Never called while the gate holds the sandbox frozen.
         """
         ...
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 SANDBOX_LABEL = "tenon.sandbox"
 DOMAIN_LABEL = "tenon.domain"
+_PAUSED_REFUSAL = "cannot exec in a paused container"
+_HELD_POLL_S = 0.02
 WORKSPACE = "/workspace"
 _UNTRACKED_PREFIXES = (WORKSPACE, "/tmp")
 # Mount points runc creates in the writable layer; they and their parent dirs are no action's.
@@ -216,6 +219,21 @@ class DockerSandbox:
             raise SandboxDied(f"sandbox {self.spec.sandbox_id} lost its cgroup: {exc}") from exc
         if frozen:
             raise SandboxFrozen(f"sandbox {self.spec.sandbox_id} is frozen by the gate")
+        start = time.perf_counter()
+        while True:
+            result = await self._exec_once(command, timeout_s, max_output_bytes)
+            if result.exit_code != 126 or _PAUSED_REFUSAL not in result.output:
+                return dataclasses.replace(result, duration_s=time.perf_counter() - start)
+            # The gate froze the container while runc was starting the exec, and Docker
+            # refuses to exec into a paused container: the command never ran. It runs once
+            # the gate lets the sandbox go, as a process sandbox's would.
+            logger.debug("sandbox %s: exec refused while held; waiting for the thaw",
+                         self.spec.sandbox_id)
+            while self.cgroup.is_frozen():  # noqa: ASYNC110 - the kernel's freezer state
+                await asyncio.sleep(_HELD_POLL_S)
+
+    async def _exec_once(self, command: str, timeout_s: float,
+                         max_output_bytes: int) -> ExecResult:
         token = uuid.uuid4().hex
         api = self.client.api
         start = time.perf_counter()
@@ -229,11 +247,13 @@ class DockerSandbox:
         drain = asyncio.ensure_future(asyncio.to_thread(_drain, raw, buf, max_output_bytes))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        held_at_start = self.cgroup.held_s()
         timed_out = False
         poll_s = 0.02
         try:
             while not drain.done():
-                remaining = deadline - loop.time()
+                # running time only: time held frozen by the gate extends the deadline
+                remaining = deadline + (self.cgroup.held_s() - held_at_start) - loop.time()
                 if remaining <= 0:
                     timed_out = True
                     await self._kill_exec(exec_id, token)

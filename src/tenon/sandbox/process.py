@@ -230,6 +230,26 @@ class ProcessBackend:
         return ProcessSandbox(spec, cgroup, proc, child_pid, init_pid, out_r, tools)
 
 
+async def _wait_running(proc: asyncio.subprocess.Process, cgroup: SandboxCgroup,
+                        start: float, timeout_s: float) -> bool:
+    """Wait for `proc` until `timeout_s` of running time (held time excluded); False on
+    timeout."""
+    waiter = asyncio.ensure_future(proc.wait())
+    held_at_start = cgroup.held_s()
+    try:
+        while True:
+            running_s = time.perf_counter() - start - (cgroup.held_s() - held_at_start)
+            remaining = timeout_s - running_s
+            if remaining <= 0:
+                return False
+            done, _ = await asyncio.wait({waiter}, timeout=remaining)
+            if done:
+                return True
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+
+
 def _init_pid(cgroup: SandboxCgroup, child_pid: int) -> int:
     """The init (`sleep infinity`): pid 1's only child right after readiness."""
     for pid in cgroup.pids():
@@ -302,10 +322,7 @@ class ProcessSandbox:
         capture = OutputCapture(out_r, max_output_bytes)
         timed_out = False
         try:
-            try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
-            except TimeoutError:
-                timed_out = True
+            timed_out = not await _wait_running(proc, self.cgroup, start, timeout_s)
             if timed_out:
                 await kill_action(proc.pid, self.cgroup.pids, exec_id, exclude=self._own_pids)
                 await proc.wait()

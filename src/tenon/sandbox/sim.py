@@ -170,6 +170,7 @@ class SimCgroup:
         self.memory_high_bytes: int | None = None
         self.running = False
         self.oom_killed = False  # the running action was killed; read by the action
+        self.held_total_s = 0.0  # clock time the running actions spent frozen
         self._oom_kills = 0
         self._seen_oom_kills = 0
 
@@ -202,6 +203,9 @@ class SimCgroup:
 
     def thaw(self) -> GateResult:
         return self._set_frozen(False)
+
+    def held_s(self) -> float:
+        return self.held_total_s
 
     def set_cpu_quota(self, fraction: float | None) -> None:
         if fraction is not None and not fraction > 0:
@@ -267,14 +271,18 @@ class SimSandbox:
         cg.running, cg.oom_killed = True, False
         try:
             cg.set_anon(anon_level(load, existing, 0.0))
+            held_at_start = cg.held_total_s
             while progress < load.duration_s and not cg.oom_killed:
-                if self._clock.now() - start >= timeout_s:
+                running_s = self._clock.now() - start - (cg.held_total_s - held_at_start)
+                if running_s >= timeout_s:  # held time does not count toward the timeout
                     cg.anon_bytes = 0
                     return ExecResult(-9, "", False, self._clock.now() - start, timed_out=True)
                 await self._clock.sleep(STEP_S)
                 if self.destroyed:
                     raise SandboxDied(f"sim sandbox {self._spec.sandbox_id} died mid-action")
                 now = self._clock.now()
+                if cg.frozen:
+                    cg.held_total_s += now - last
                 step = (now - last) * cg.speed()
                 last = now
                 progress = min(progress + step, load.duration_s)

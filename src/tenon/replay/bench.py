@@ -1,0 +1,190 @@
+"""The replay bench: a trace under a memory budget, every policy one after another.
+
+    tenon bench --trace T --budget 3GiB --policies tenon,eager,static-4 --qps 16 --speed 10
+
+Every policy replays the same schedule on the same backend, in its own fresh workload
+domain, through the same runtime. The run directory gets `<policy>/events.jsonl` for each
+policy, `summary.json` (rewritten after every policy, so an interrupted bench keeps what
+finished), `table.md` and the plots (`tenon report RUN_DIR` redraws them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tenon.clock import FakeClock, run_simulated
+from tenon.errors import ConfigError
+from tenon.policy.baselines import parse_policy
+from tenon.policy.config import PolicyConfig
+from tenon.predict.base import MeasuredAction, Predictor
+from tenon.predict.static import StaticPredictor
+from tenon.replay.driver import WorkflowRecord, replay
+from tenon.replay.schedule import Submission, make_schedule, oversubscription
+from tenon.replay.trace import Trace, load_trace
+from tenon.runtime.controller import Runtime
+from tenon.runtime.residency import run_inline
+from tenon.sandbox.sim import SimBackend, SimDomain
+from tenon.units import format_bytes
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+
+
+class BenchConfig(BaseModel):
+    """One bench invocation; unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trace: Path = Field(description="Trace file (tenon-trace JSON lines).")
+    budget_bytes: int = Field(gt=0, description="Memory budget of the workload domain.")
+    policies: list[str] = Field(min_length=1, description="Policies, run one after another.")
+    backend: Literal["process", "docker", "sim"] = "process"
+    speed: float = Field(default=1.0, gt=0, description="Divides model waits and durations.")
+    qps: float | None = Field(default=None, gt=0, description="Burst rate; None: trace times.")
+    window_s: float = Field(default=10.0, gt=0, description="Burst length at `qps`.")
+    num_workflows: int | None = Field(default=None, gt=0, description="Override the count.")
+    max_retries: int = Field(default=5, ge=0, description="Re-runs of a failed attempt.")
+    policy_config: dict[str, Any] = Field(default_factory=dict,
+                                          description="PolicyConfig overrides.")
+    state_dir: Path = Path("/var/lib/tenon")
+    out_dir: Path = Field(description="Run directory for events, summary, table and plots.")
+
+
+def check_budget(trace: Trace, budget_bytes: int) -> None:
+    """Refuse a budget smaller than the largest single action: it could never run."""
+    worst = max(((s.action.memory.peak_bytes, w.id, i) for w in trace.workflows
+                 for i, s in enumerate(w.steps)), default=(0, "", 0), key=lambda t: t[0])
+    if worst[0] > budget_bytes:
+        raise ConfigError(
+            f"--budget {format_bytes(budget_bytes)} is smaller than the largest single "
+            f"action: workflow {worst[1]} step {worst[2]} peaks at {format_bytes(worst[0])} "
+            f"({worst[0]} B); raise the budget"
+        )
+
+
+def profiled_static_predictor(trace: Trace, config: PolicyConfig) -> StaticPredictor:
+    """Per-class figures from the trace's profiles, as an operator configures them."""
+    measured = [MeasuredAction(s.action.action_class, s.action.memory.avg_bytes,
+                               s.action.memory.peak_bytes, s.action.duration_s)
+                for w in trace.workflows for s in w.steps]
+    return StaticPredictor.fit(measured, heavy_peak_bytes=config.heavy_peak_bytes)
+
+
+def summarize(records: list[WorkflowRecord], peak_memory_bytes: int) -> dict[str, Any]:
+    latencies = [r.latency_s for r in records]
+    return {
+        "makespan_s": round(max((r.end_s for r in records), default=0.0), 3),
+        "p50_latency_s": round(statistics.median(latencies), 3) if latencies else 0.0,
+        "peak_memory_bytes": int(peak_memory_bytes),
+        "oom_events": sum(r.oom_events for r in records),
+        "timeouts": sum(r.timeouts for r in records),
+        "attempts": sum(r.attempts for r in records),
+        "failed_attempts": sum(r.failed_attempts for r in records),
+        "completed": sum(r.completed for r in records),
+    }
+
+
+async def run_policy(
+    config: BenchConfig,
+    policy: str,
+    submissions: list[Submission],
+    predictor: Predictor,
+    on_done: Callable[[WorkflowRecord], None] | None = None,
+) -> dict[str, Any]:
+    """Replay the schedule under one policy in a fresh domain; the summary figures."""
+    run_dir = config.out_dir / policy
+    policy_config = PolicyConfig.model_validate(config.policy_config)
+    kwargs: dict[str, Any] = {"policy": policy, "config": policy_config,
+                              "predictor": predictor}
+    if config.backend == "sim":
+        return await _run_sim(config, run_dir, submissions, kwargs, on_done)
+    from tenon.runtime.open import open_runtime
+
+    async with open_runtime(budget_bytes=config.budget_bytes, backend=config.backend,
+                            state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt:
+        records = await replay(rt, submissions, speed=config.speed,
+                               max_retries=config.max_retries, on_done=on_done)
+        peak = rt.domain.reading().peak_bytes
+    return summarize(records, peak)
+
+
+async def _run_sim(config: BenchConfig, run_dir: Path, submissions: list[Submission],
+                   kwargs: dict[str, Any],
+                   on_done: Callable[[WorkflowRecord], None] | None) -> dict[str, Any]:
+    clock = FakeClock()
+    domain = SimDomain(config.budget_bytes)
+
+    async def main(state: Path) -> dict[str, Any]:
+        rt = Runtime(domain=domain, backend=SimBackend(domain, clock), state_dir=state,
+                     clock=clock, blocking=run_inline, event_log=run_dir / "events.jsonl",
+                     **kwargs)
+        async with rt:
+            records = await replay(rt, submissions, speed=config.speed,
+                                   max_retries=config.max_retries, on_done=on_done)
+        return summarize(records, domain.peak_bytes)
+
+    with tempfile.TemporaryDirectory(prefix="tenon-sim-") as tmp:
+        return await run_simulated(main(Path(tmp)), clock, max_time_s=7 * 86_400)
+
+
+def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / SUMMARY_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+async def run_bench(
+    config: BenchConfig,
+    *,
+    on_policy_start: Callable[[str, int], None] | None = None,
+    on_done: Callable[[str, WorkflowRecord], None] | None = None,
+) -> dict[str, Any]:
+    """Run every policy; the summary (also in `out_dir/summary.json` after each policy)."""
+    for name in config.policies:
+        parse_policy(name)  # unknown names fail before anything runs
+    PolicyConfig.model_validate(config.policy_config)
+    trace = load_trace(config.trace)
+    check_budget(trace, config.budget_bytes)
+    submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
+                                speed=config.speed, num_workflows=config.num_workflows)
+    predictor = profiled_static_predictor(trace, PolicyConfig.model_validate(
+        config.policy_config))
+    summary: dict[str, Any] = {
+        "budget_bytes": config.budget_bytes,
+        "oversubscription": round(oversubscription(submissions, config.budget_bytes), 3),
+        "workflows": len(submissions),
+        "policies": {},
+        "meta": {"trace": str(config.trace), "backend": config.backend, "speed": config.speed,
+                 "qps": config.qps, "window_s": config.window_s,
+                 "max_retries": config.max_retries, "policy_config": config.policy_config,
+                 "predictor": predictor.name, "complete": False},
+    }
+    write_summary(config.out_dir, summary)
+    for name in config.policies:
+        if on_policy_start is not None:
+            on_policy_start(name, len(submissions))
+        done = None if on_done is None else (lambda r, name=name: on_done(name, r))
+        try:
+            result = await run_policy(config, name, submissions, predictor, done)
+        except asyncio.CancelledError:
+            summary["meta"]["interrupted_during"] = name
+            write_summary(config.out_dir, summary)
+            raise
+        summary["policies"][name] = result
+        write_summary(config.out_dir, summary)
+    summary["meta"]["complete"] = True
+    write_summary(config.out_dir, summary)
+    return summary

@@ -1,0 +1,159 @@
+"""The replay bench end to end on the simulated host: schedule, retries, JSON, report, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tenon.cli.main import app
+from tenon.errors import ConfigError, TraceError
+from tenon.replay.bench import BenchConfig, run_bench
+from tenon.replay.report import draw
+from tenon.replay.schedule import make_schedule, oversubscription
+from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header, write_trace
+
+MIB = 1 << 20
+GIB = 1 << 30
+POLICY_KEYS = {"makespan_s", "p50_latency_s", "peak_memory_bytes", "oom_events", "timeouts",
+               "attempts", "failed_attempts", "completed"}
+
+
+def make_workflow(wid: str, *, peak_mib: int = 300, steps: int = 3, submit_s: float = 0.0,
+                  action_class: str = "test_runner") -> Workflow:
+    memory = Memory(avg_bytes=peak_mib * MIB * 2 // 3, peak_bytes=peak_mib * MIB,
+                    resident_after_bytes=16 * MIB)
+    action = Action(command="pytest -x", tool="Bash", action_class=action_class,
+                    duration_s=2.0, memory=memory)
+    return Workflow(id=wid, submit_s=submit_s, base_image="tenon-base:bookworm", family="demo",
+                    steps=[Step(model_wait_s=1.0, action=action)] * steps)
+
+
+def write(tmp_path: Path, workflows: list[Workflow]) -> Path:
+    return write_trace(Trace(header=make_header("test"), workflows=workflows),
+                       tmp_path / "trace.jsonl")
+
+
+def config(tmp_path: Path, trace: Path, **overrides) -> BenchConfig:
+    fields = {"trace": trace, "budget_bytes": GIB, "policies": ["tenon", "eager"],
+              "backend": "sim", "qps": 4.0, "window_s": 3.0, "out_dir": tmp_path / "run"}
+    return BenchConfig.model_validate({**fields, **overrides})
+
+
+def test_schedule_bursts_cycle_the_trace_and_speed_divides_time() -> None:
+    workflows = [make_workflow("a", submit_s=10.0), make_workflow("b", submit_s=20.0)]
+    burst = make_schedule(workflows, qps=2.0, window_s=2.5, speed=4.0)
+    assert [s.instance for s in burst] == ["a#0", "b#0", "a#1", "b#1", "a#2"]
+    assert [s.submit_s for s in burst] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    at_trace_times = make_schedule(workflows, qps=None, speed=4.0)
+    assert [s.submit_s for s in at_trace_times] == [2.5, 5.0]
+    assert oversubscription(burst, GIB) == pytest.approx(5 * 300 / 1024)
+    with pytest.raises(ConfigError, match="speed"):
+        make_schedule(workflows, qps=1.0, speed=0.0)
+
+
+def test_bench_runs_every_policy_with_retries_and_writes_the_exact_keys(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow(f"w{i}") for i in range(4)])
+    summary = asyncio.run(run_bench(config(tmp_path, trace)))
+    assert summary["workflows"] == 12
+    assert summary["oversubscription"] == pytest.approx(12 * 300 / 1024, abs=0.01)
+    assert set(summary["policies"]) == {"tenon", "eager"}
+    for figures in summary["policies"].values():
+        assert set(figures) == POLICY_KEYS
+    tenon, eager = summary["policies"]["tenon"], summary["policies"]["eager"]
+    assert tenon["completed"] == 12
+    assert tenon["oom_events"] == 0
+    assert tenon["attempts"] == 12
+    assert eager["oom_events"] > 0
+    # every attempt either completed its workflow or failed and was retried (or gave up)
+    assert eager["attempts"] == eager["completed"] + eager["failed_attempts"]
+    assert eager["attempts"] > 12
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["policies"] == summary["policies"]
+    assert on_disk["meta"]["complete"]
+    assert (tmp_path / "run" / "tenon" / "events.jsonl").stat().st_size > 0
+    written = draw(tmp_path / "run")
+    assert [p.name for p in written] == ["table.md", "timeline.png", "bars.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "| tenon | 12/12 |" in table
+
+
+def test_budget_smaller_than_the_largest_action_is_refused_by_name(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow("small", peak_mib=100),
+                             make_workflow("huge", peak_mib=2048)])
+    with pytest.raises(ConfigError, match="workflow huge step 0 peaks"):
+        asyncio.run(run_bench(config(tmp_path, trace)))
+    assert not (tmp_path / "run" / "tenon").exists()  # refused before anything ran
+
+
+def test_malformed_trace_and_unknown_policy_fail_before_running(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow("w")])
+    lines = trace.read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + "\n" + lines[1].replace('"duration_s":2.0', '"duration_s":-1') + "\n")
+    with pytest.raises(TraceError, match=r"bad.jsonl:2: steps.0.action.duration_s"):
+        asyncio.run(run_bench(config(tmp_path, bad)))
+    with pytest.raises(ConfigError, match="unknown policy"):
+        asyncio.run(run_bench(config(tmp_path, trace, policies=["tenon", "fifo"])))
+
+
+def test_interrupted_bench_keeps_the_finished_policies(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow(f"w{i}", steps=40) for i in range(3)])
+    cfg = config(tmp_path, trace, policies=["eager", "tenon"], qps=1.0, window_s=3.0)
+
+    async def main() -> None:
+        started: list[str] = []
+
+        def on_start(name: str, total: int) -> None:
+            started.append(name)
+            if name == "tenon":  # eager has finished; interrupt the second policy
+                asyncio.get_running_loop().call_soon(task.cancel)
+
+        task = asyncio.ensure_future(run_bench(cfg, on_policy_start=on_start))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert list(summary["policies"]) == ["eager"]
+    assert summary["meta"]["interrupted_during"] == "tenon"
+    assert not summary["meta"]["complete"]
+
+
+def test_cli_bench_and_report(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow(f"w{i}") for i in range(2)])
+    out = tmp_path / "cli-run"
+    result = CliRunner().invoke(app, [
+        "bench", "--trace", str(trace), "--budget", "1GiB", "--backend", "sim",
+        "--policies", "tenon,static-2", "--qps", "2", "--window", "2s", "--speed", "2",
+        "--out", str(out), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert {"budget_bytes", "oversubscription", "workflows", "policies"} <= set(data)
+    assert set(data["policies"]) == {"tenon", "static-2"}
+    (out / "bars.png").unlink()
+    again = CliRunner().invoke(app, ["report", str(out)])
+    assert again.exit_code == 0, again.output
+    assert (out / "bars.png").exists()
+    bad = CliRunner().invoke(app, ["bench", "--trace", str(trace), "--backend", "sim",
+                                   "--set", "horizon_secs=2"])
+    assert bad.exit_code == 2
+    assert "horizon_secs" in bad.output
+
+
+def test_cli_sweep_writes_one_point_per_value(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow("w", steps=1)])
+    result = CliRunner().invoke(app, [
+        "bench", "--trace", str(trace), "--budget", "1GiB", "--backend", "sim",
+        "--policies", "tenon", "--qps", "1", "--window", "2s",
+        "--sweep", "lifecycle_limit=1,3", "--out", str(tmp_path / "sw"),
+        "--json", str(tmp_path / "sw.json")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "sw.json").read_text())
+    assert data["sweep"] == "lifecycle_limit"
+    assert [p["value"] for p in data["points"]] == [1, 3]
+    assert (tmp_path / "sw" / "lifecycle_limit-3" / "summary.json").exists()
