@@ -99,6 +99,16 @@ class PolicyConfig(BaseModel):
             "is eventually admitted even behind an endless stream of light ones."
         ),
     )
+    prediction_slack_fraction: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "The gate trusts an action's predicted peak, plus this fraction and the bootstrap "
+            "demand, as the bound on its growth; beyond that the prediction has failed and the "
+            "measured projection alone counts."
+        ),
+    )
     lifecycle_limit: int = Field(
         default=2, ge=1, description="At most this many teardowns/rebuilds in flight at once."
     )

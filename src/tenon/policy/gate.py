@@ -84,17 +84,18 @@ def gate_demand_bytes(
     prediction *is* the demand (the fixed bootstrap demand only stands in without one).
     Afterwards the projection is capped by it: the EWMA remembers a ramp for a second after
     it ends, and a held sandbox's estimate cannot decay at all, so without the cap a
-    sandbox at its peak would look like a fast grower indefinitely. A cap <= 0 (the action
-    reached its prediction, which is then no guide) leaves the bootstrap demand. Demand
-    within the resident band over the horizon is zero, as for a measured rate.
+    sandbox at its peak would look like a fast grower indefinitely. A cap <= 0 means the
+    action outgrew its prediction, which is then no guide: its measured projection stands
+    (the liveness probe keeps a stale one from holding everything forever). Demand within
+    the resident band over the horizon is zero, as for a measured rate.
     """
     bootstrap = config.bootstrap_demand_bytes
     if estimate.rate_bytes_per_s is None:
         demand = bootstrap if cap_bytes is None or cap_bytes <= 0 else cap_bytes
     else:
         demand = projected_demand_bytes(estimate, config)
-        if demand > 0 and cap_bytes is not None:
-            demand = min(demand, cap_bytes if cap_bytes > 0 else bootstrap)
+        if demand > 0 and cap_bytes is not None and cap_bytes > 0:
+            demand = min(demand, cap_bytes)
     if cap_bytes is not None and demand <= config.resident_band_bytes_per_s * config.horizon_s:
         return 0
     return demand
@@ -111,6 +112,7 @@ def decide_gate(
     denied_since: Mapping[str, float],
     growth_caps: Mapping[str, int] | None = None,
     free_bytes: int = 0,
+    others_can_free: bool = False,
 ) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort.
 
@@ -120,7 +122,9 @@ def decide_gate(
     digs into the yellow region. Yellow is mostly *predicted* risk (admitted actions may
     still grow); physical room above the line is not at risk, and without this rule a
     busy domain would serialize every action's start through one slot. Red has no such
-    room (H is below the red line).
+    room (H is below the red line). `others_can_free` says memory can come back without
+    any grower running (an idle sandbox is being or can be torn down): no liveness probe
+    is needed then.
     """
     if level is Pressure.GREEN:
         return GateDecision(
@@ -136,8 +140,10 @@ def decide_gate(
     allowed: list[str] = []
     denied: list[str] = []
     reasons: dict[str, str] = {}
-    # (not overdue, state rank, demand, id): overdue first, then state, smaller demand, id.
+    # (not overdue, state rank, demand, id): overdue first, then state, smaller demand, id;
+    # a grower that is running keeps its place ahead of everyone (see below).
     candidates: list[tuple[bool, int, int, str]] = []
+    running_now: set[str] = set()
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
     caps = growth_caps or {}
@@ -154,8 +160,14 @@ def decide_gate(
             reasons[sid] = f"denied {waited:.2f}s ago; waits {min_wait:.2f}s"
             continue
         overdue = waited is not None and waited >= overdue_after
-        candidates.append((not overdue, int(classify(est, now, config)), demand, sid))
-    candidates.sort()
+        state = classify(est, now, config)
+        if state is GrowthState.GROWING:
+            running_now.add(sid)
+        candidates.append((not overdue, int(state), demand, sid))
+    # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
+    # to an overdue one freezes both with half their memory allocated, and rotating probes
+    # this way lets none finish. Overdue ones get the next slot that frees.
+    candidates.sort(key=lambda c: (c[3] not in running_now, c))
     used_bytes = 0
     num_slotted = 0
     name = level.name.lower()
@@ -180,15 +192,18 @@ def decide_gate(
             allowed.append(sid)
             kind = "probe" if level is Pressure.RED else f"slot {num_slotted}/{slots}"
             reasons[sid] = f"{name} {kind}: demand {demand} B fits{late}"
-    if not allowed and candidates:
-        # Liveness: no grower fits H and nothing else runs, so nothing can finish and free
-        # memory while everyone is held. One runs alone: the probe already running keeps
-        # running (rotating probes every period would let none of them finish), else the
-        # head once it has waited past the overdue threshold. The safety margin S absorbs
+    if not allowed and candidates and not others_can_free:
+        # Liveness: no grower fits H, nothing else runs and no idle sandbox can give memory
+        # back, so nothing can free memory while everyone is held. One runs alone: the one
+        # closest to done (smallest demand; it frees its memory soonest), among those
+        # already running if any (rotating probes every period would let none finish),
+        # else among those waiting past the overdue threshold. The safety margin S absorbs
         # its overshoot until the next period re-decides. The one allowance beyond H.
-        running = [c for c in candidates if c[1] == GrowthState.GROWING]
-        chosen = running[0] if running else candidates[0] if not candidates[0][0] else None
-        if chosen is not None:
+        running = [c for c in candidates if c[3] in running_now]
+        waited_long = [c for c in candidates if not c[0]]
+        pool = running or waited_long
+        if pool:
+            chosen = min(pool, key=lambda c: (c[2], c[3]))
             sid = chosen[3]
             denied.remove(sid)
             allowed.append(sid)
@@ -243,6 +258,7 @@ class GateController:
         now: float,
         growth_caps: Mapping[str, int] | None = None,
         free_bytes: int = 0,
+        others_can_free: bool = False,
     ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
         decision = decide_gate(
@@ -255,6 +271,7 @@ class GateController:
             denied_since=self._denied_since,
             growth_caps=growth_caps,
             free_bytes=free_bytes,
+            others_can_free=others_can_free,
         )
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.

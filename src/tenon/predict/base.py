@@ -13,7 +13,7 @@ from typing import Protocol
 
 from tenon.policy.admission import Prediction
 
-__all__ = ["ActionContext", "MeasuredAction", "Prediction", "Predictor"]
+__all__ = ["ActionContext", "LearningPredictor", "MeasuredAction", "Prediction", "Predictor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +46,9 @@ class Predictor(Protocol):
     name: str
 
     def predict(self, context: ActionContext) -> Prediction: ...
+
+
+class LearningPredictor(Predictor, Protocol):
+    """A predictor that learns from each completed action (the runtime calls `observe`)."""
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None: ...

@@ -26,6 +26,7 @@ from tenon.errors import ConfigError
 from tenon.policy.baselines import parse_policy
 from tenon.policy.config import PolicyConfig
 from tenon.predict.base import MeasuredAction, Predictor
+from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.replay.driver import WorkflowRecord, replay
 from tenon.replay.schedule import Submission, make_schedule, oversubscription
@@ -54,6 +55,9 @@ class BenchConfig(BaseModel):
     window_s: float = Field(default=10.0, gt=0, description="Burst length at `qps`.")
     num_workflows: int | None = Field(default=None, gt=0, description="Override the count.")
     max_retries: int = Field(default=5, ge=0, description="Re-runs of a failed attempt.")
+    predictor: Literal["static", "online"] = Field(
+        default="online", description="Tenon's predictor: per-class figures (static), "
+        "raised online by what each workflow and family measured (online).")
     policy_config: dict[str, Any] = Field(default_factory=dict,
                                           description="PolicyConfig overrides.")
     state_dir: Path = Path("/var/lib/tenon")
@@ -103,6 +107,7 @@ async def run_policy(
 ) -> dict[str, Any]:
     """Replay the schedule under one policy in a fresh domain; the summary figures."""
     run_dir = config.out_dir / policy
+    (run_dir / "events.jsonl").unlink(missing_ok=True)  # a rerun into the same directory
     policy_config = PolicyConfig.model_validate(config.policy_config)
     kwargs: dict[str, Any] = {"policy": policy, "config": policy_config,
                               "predictor": predictor}
@@ -160,8 +165,11 @@ async def run_bench(
     check_budget(trace, config.budget_bytes)
     submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
                                 speed=config.speed, num_workflows=config.num_workflows)
-    predictor = profiled_static_predictor(trace, PolicyConfig.model_validate(
-        config.policy_config))
+    static = profiled_static_predictor(trace, PolicyConfig.model_validate(config.policy_config))
+
+    def new_predictor() -> Predictor:  # fresh per policy: nothing learnt carries over
+        return OnlinePredictor(static) if config.predictor == "online" else static
+
     summary: dict[str, Any] = {
         "budget_bytes": config.budget_bytes,
         "oversubscription": round(oversubscription(submissions, config.budget_bytes), 3),
@@ -170,7 +178,7 @@ async def run_bench(
         "meta": {"trace": str(config.trace), "backend": config.backend, "speed": config.speed,
                  "qps": config.qps, "window_s": config.window_s,
                  "max_retries": config.max_retries, "policy_config": config.policy_config,
-                 "predictor": predictor.name, "complete": False},
+                 "predictor": config.predictor, "complete": False},
     }
     write_summary(config.out_dir, summary)
     for name in config.policies:
@@ -178,7 +186,7 @@ async def run_bench(
             on_policy_start(name, len(submissions))
         done = None if on_done is None else (lambda r, name=name: on_done(name, r))
         try:
-            result = await run_policy(config, name, submissions, predictor, done)
+            result = await run_policy(config, name, submissions, new_predictor(), done)
         except asyncio.CancelledError:
             summary["meta"]["interrupted_during"] = name
             write_summary(config.out_dir, summary)

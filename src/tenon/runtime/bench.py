@@ -62,7 +62,7 @@ async def bench_sampling(
                 actions.append(action)
             loop = ExecutionLoop(domain=domain, config=config,
                                  events=EventLog(None, time.monotonic), use_gate=True,
-                                 agentcgroup=False)
+                                 agentcgroup=False, now=time.monotonic)
             num_ticks = 0
             cpu_start, wall_start = time.process_time(), time.monotonic()
             deadline = wall_start + seconds

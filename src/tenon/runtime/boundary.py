@@ -96,6 +96,14 @@ class Boundary:
                            admitted_total_bytes=rt.admission.admitted_total_bytes,
                            headroom_bytes=headroom, pressure=pressure.level.name.lower())
 
+    def can_free_memory(self) -> bool:
+        """Whether memory can come back without a held grower running: a teardown is in
+        flight, or an idle restartable sandbox can be torn down."""
+        rt = self._rt
+        if not rt.spec.use_residency:
+            return False
+        return rt.lifecycle.in_flight > 0 or self._reclaimable()
+
     def _reclaimable(self) -> bool:
         return self._rt.spec.use_residency and any(
             s.idle and s.restartable for s in self._rt.agents.values())
@@ -164,17 +172,38 @@ class Boundary:
         rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
                        reason=decision.reason, restartable=eligibility.restartable,
                        eligibility=eligibility.reason, pressure=pressure.level.name.lower())
-        if decision.action is Residency.TEAR_DOWN:
+        if decision.action is not Residency.TEAR_DOWN:
+            return
+        if pressure.level is Pressure.GREEN:
             self._start_teardown(state, why=decision.reason)
+        else:
+            # Under pressure the idle sandboxes compete: the largest go first, as many as
+            # the physical deficit needs, this one included if it is among them.
+            self.reclaim(pressure)
 
     def reclaim(self, pressure: PressureState) -> None:
-        """Under yellow or red, tear down restartable idle sandboxes, largest first."""
+        """Under yellow or red, tear down restartable idle sandboxes, largest first, until
+        the physical headroom covers the yellow line plus what waiting work needs.
+
+        The deficit is physical: H against the line plus the predicted demand of actions
+        held before their start and the predicted averages of actions waiting for admission.
+        Idle memory is given back for work that is ready, not for growth nobody asked for:
+        that would only trade memory for rebuilds.
+        """
         rt = self._rt
         if pressure.level is Pressure.GREEN or rt.lifecycle.slots.num_free == 0:
             return
         budget = rt.domain.budget_bytes or 0
         green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
-        needed = int(green_line - pressure.effective_headroom_bytes) + 1
+        waiting = sum(max(a.prediction.peak_bytes - a.last_usage_bytes, 0)
+                      for a in rt.actions.values() if a.pending)
+        if rt.admission is not None:
+            now = rt.clock.now()
+            waiting += sum(r.prediction.avg_bytes for r in rt.admission.queued
+                           if r.ready_at <= now)
+        needed = int(green_line + waiting - pressure.headroom_bytes) + 1
+        if needed <= 0:
+            return
         idle = []
         for state in rt.agents.values():
             sandbox = rt.residency.sandbox_for(state.agent_id)

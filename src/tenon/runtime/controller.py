@@ -153,7 +153,7 @@ class Runtime:
         )
         self.execution = ExecutionLoop(
             domain=domain, config=self.config, events=self.events, use_gate=self.spec.use_gate,
-            agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP,
+            agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP, now=self.clock.now,
         )
         self.workflows = WorkflowGate(self.spec, budget)
         self.lifecycle = Lifecycle(self.config.lifecycle_limit)
@@ -311,7 +311,7 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     await state.lifecycle
             sandbox = await self.boundary.ensure_sandbox(state, self._backend_config)
-            return await self._execute(state, action, sandbox, command, klass, timeout_s,
+            return await self._execute(state, action, sandbox, command, context, timeout_s,
                                        max_output_bytes)
         finally:
             self.actions.pop(action_id, None)
@@ -320,16 +320,28 @@ class Runtime:
             self.waker.notify()
 
     async def _execute(self, state: AgentState, action: RunningAction, sandbox: Sandbox,
-                       command: str, klass: str, timeout_s: float,
+                       command: str, context: ActionContext, timeout_s: float,
                        max_output_bytes: int) -> ActionResult:
+        klass = context.action_class
         meter = meter_of(sandbox)
+        first = meter.reading()
+        action.meter, action.gate_id = meter, sandbox.spec.sandbox_id
+        action.last_usage_bytes = first.usage_bytes
+        if not self.execution.start_action(action):
+            self.events.emit("start_held", action_id=action.action_id, agent_id=state.agent_id)
+            assert action.launch is not None
+            try:
+                await action.launch
+            except BaseException:
+                self.execution.end_action(action)
+                raise
+            if self._closed:
+                self.execution.end_action(action)
+                raise AgentClosed(f"agent {state.agent_id}: the runtime closed")
         start = self.clock.now()
         meter.new_oom_kills()  # the baseline: only kills during this action count
         first = meter.reading()
-        action.meter, action.gate_id = meter, sandbox.spec.sandbox_id
         action.stats = ActionStats(start, first.usage_bytes, first.peak_bytes)
-        action.last_usage_bytes = first.usage_bytes
-        self.execution.start_action(action)
         await self._apply_agentcgroup_mark(state, meter)
         self.events.emit("action_start", action_id=action.action_id, agent_id=state.agent_id,
                          sandbox_id=action.gate_id, charge_bytes=action.charge_bytes,
@@ -361,7 +373,11 @@ class Runtime:
             outcome = Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
         if outcome.fails_attempt:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
-        state.history.append(MeasuredAction(klass, avg, peak, end - start))
+        measured = MeasuredAction(klass, avg, peak, end - start)
+        state.history.append(measured)
+        observe = getattr(self.predictor, "observe", None)
+        if observe is not None and outcome is not Outcome.SANDBOX_DIED:
+            observe(context, measured)
         state.note_done(end)
         self.events.emit("action_done", action_id=action.action_id, agent_id=state.agent_id,
                          outcome=outcome.value, exit_code=None if result is None
@@ -413,7 +429,8 @@ class Runtime:
             if window != self.admission.window_bytes:  # the budget moved; W follows it
                 self.admission.set_window(window)
                 self.events.emit("window", window_bytes=window, budget_bytes=budget)
-        pressure = await self.execution.tick(now, list(self.actions.values()))
+        pressure = await self.execution.tick(
+            now, list(self.actions.values()), others_can_free=self.boundary.can_free_memory())
         if self.spec.use_residency:
             self.boundary.reclaim(pressure)
             self.boundary.predictive_rebuilds(pressure, now)

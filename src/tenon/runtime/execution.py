@@ -9,8 +9,9 @@ decision is in `policy/`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,9 @@ from tenon.host.types import CgroupVersion, MemoryReading
 from tenon.policy.admission import Prediction
 from tenon.policy.baselines import AgentCgroupSandbox, agentcgroup_actions
 from tenon.policy.config import PolicyConfig
-from tenon.policy.gate import GateController, GateDecision
-from tenon.policy.growth import SandboxSample
-from tenon.policy.pressure import PressureState, classify_pressure
+from tenon.policy.gate import GateController, GateDecision, gate_demand_bytes
+from tenon.policy.growth import GrowthEstimate, SandboxSample
+from tenon.policy.pressure import Pressure, PressureState, classify_pressure
 from tenon.runtime.events import EventLog
 from tenon.runtime.results import ActionStats
 from tenon.sandbox.base import DomainMeter, SandboxMeter
@@ -50,10 +51,18 @@ class RunningAction:
     extra: dict[str, Any] = field(default_factory=dict)
 
     done: bool = False  # its exec returned: the gate no longer touches its sandbox
+    launched: bool = False  # its exec began (before that it waits for the gate: pending)
+    launch: asyncio.Future[None] | None = None  # resolved when the gate lets it start
 
     @property
     def started(self) -> bool:
+        """In the gate's view: its sandbox is live and its exec has not returned."""
         return self.meter is not None and not self.done
+
+    @property
+    def pending(self) -> bool:
+        """Ready in a live sandbox, held before its exec began (it holds no memory yet)."""
+        return self.started and not self.launched
 
 
 def predicted_growth_bytes(actions: Iterable[RunningAction]) -> int:
@@ -72,16 +81,19 @@ class ExecutionLoop:
         events: EventLog,
         use_gate: bool,
         agentcgroup: bool,
+        now: Callable[[], float],
     ) -> None:
         self._domain = domain
         self._config = config
         self._events = events
         self._use_gate = use_gate
         self._agentcgroup = agentcgroup
+        self._now = now
         self.gate = GateController(config)
         self.last_pressure: PressureState | None = None
         self.last_decision: GateDecision | None = None
         self._last_logged: tuple[Any, ...] = ()
+        self._free_left = 0  # room above the yellow line not yet handed out this period
         self.num_ticks = 0
 
     def pressure(self, actions: Iterable[RunningAction], reading: MemoryReading) -> PressureState:
@@ -92,15 +104,56 @@ class ExecutionLoop:
             budget, reading.usage_bytes, predicted_growth_bytes(actions), self._config
         )
 
+    def growth_cap(self, action: RunningAction) -> int:
+        """What the action's prediction (with slack) says it may still grow."""
+        config = self._config
+        bound = action.prediction.peak_bytes * (1.0 + config.prediction_slack_fraction)
+        return int(bound) + config.bootstrap_demand_bytes - action.last_usage_bytes
+
     def free_bytes(self, pressure: PressureState) -> int:
         """Headroom above the yellow line (growth there is not at risk)."""
         budget = self._domain.budget_bytes or 0
         yellow_line = (self._config.red_fraction + self._config.yellow_fraction) * budget
         return max(int(pressure.headroom_bytes - yellow_line), 0)
 
-    def start_action(self, action: RunningAction) -> None:
-        """A fresh action starts from bootstrap demand: its sandbox's past says nothing."""
+    def start_action(self, action: RunningAction) -> bool:
+        """A fresh action enters the gate's view from bootstrap demand (its sandbox's past
+        says nothing). True when it may start at once; otherwise it is pending and a tick
+        resolves `action.launch` when the gate lets it start.
+
+        Holding an action *before* it starts costs nothing, while freezing it mid-growth
+        keeps what it has allocated: under pressure a new action starts only when its
+        demand fits the room above the yellow line left this period, else the gate decides
+        it with the others at the next tick.
+        """
         self.gate.forget(action.gate_id)
+        pressure = self.last_pressure
+        if not self._use_gate or pressure is None or pressure.level is Pressure.GREEN:
+            return self._launch(action)
+        cap = self.growth_cap(action)
+        demand = gate_demand_bytes(GrowthEstimate(action.gate_id, None, None, False), cap,
+                                   self._config)
+        if demand <= 0 or (pressure.level is Pressure.YELLOW and demand <= self._free_left):
+            self._free_left -= max(demand, 0)
+            return self._launch(action)
+        action.allowed = False
+        action.launch = asyncio.get_running_loop().create_future()
+        return False
+
+    def _launch(self, action: RunningAction) -> bool:
+        action.launched, action.allowed = True, True
+        if action.launch is not None and not action.launch.done():
+            action.launch.set_result(None)
+        # A baseline sample at launch: the first tick then measures a real growth rate
+        # instead of guessing with bootstrap demand for one more period.
+        assert action.meter is not None
+        try:
+            usage_bytes, cpu_usage_s = action.meter.sample()
+        except (HostError, OSError):
+            return True
+        self.gate.observe([SandboxSample(action.gate_id, self._now(), usage_bytes,
+                                         cpu_usage_s, True)])
+        return True
 
     def end_action(self, action: RunningAction) -> None:
         """The action's exec returned. Called synchronously right after, so no tick can act
@@ -108,7 +161,8 @@ class ExecutionLoop:
         action.done = True
         self.gate.forget(action.gate_id)
 
-    async def tick(self, now: float, actions: list[RunningAction]) -> PressureState:
+    async def tick(self, now: float, actions: list[RunningAction], *,
+                   others_can_free: bool = False) -> PressureState:
         self.num_ticks += 1
         started = [a for a in actions if a.started]
         samples: list[SandboxSample] = []
@@ -131,10 +185,11 @@ class ExecutionLoop:
         # Everything from picking `started` to actuating runs without an await: an action
         # that ends meanwhile could otherwise see its sandbox frozen after it returned.
         if self._use_gate:
-            self._gate(now, started, samples, pressure)
+            self._gate(now, started, samples, pressure, others_can_free)
         if self._agentcgroup and self._domain.version is CgroupVersion.V1:
             self._throttle_v1(started)
-        key = (pressure.level, len(started), sum(not a.allowed for a in started))
+        held = sum(not a.allowed for a in started)
+        key = (pressure.level, len(started), held)
         if key != self._last_logged or self.num_ticks % 10 == 0:
             self._last_logged = key
             self._events.emit(
@@ -146,7 +201,8 @@ class ExecutionLoop:
                 pressure=pressure.level.name.lower(),
                 running=len(started),
                 admitted=len(actions),
-                held=sum(not a.allowed for a in started),
+                held=held,
+                pending=sum(a.pending for a in started),
                 oom_kills=domain_reading.num_oom_kills,
             )
         return pressure
@@ -157,12 +213,18 @@ class ExecutionLoop:
         started: list[RunningAction],
         samples: list[SandboxSample],
         pressure: PressureState,
+        others_can_free: bool,
     ) -> None:
         self.gate.observe(samples)
-        caps = {a.gate_id: a.prediction.peak_bytes - a.last_usage_bytes for a in started}
+        caps = {a.gate_id: self.growth_cap(a) for a in started}
+        free = self.free_bytes(pressure)
         decision = self.gate.decide(pressure.level, pressure.headroom_bytes, now, caps,
-                                    free_bytes=self.free_bytes(pressure))
+                                    free_bytes=free, others_can_free=others_can_free)
         self.last_decision = decision
+        estimates = self.gate.estimates
+        self._free_left = free - sum(
+            gate_demand_bytes(estimates[a.gate_id], caps[a.gate_id], self._config)
+            for a in started if a.gate_id in decision.allowed and a.gate_id in estimates)
         changes = [
             (a, a.gate_id in decision.allowed)
             for a in started
@@ -171,7 +233,10 @@ class ExecutionLoop:
         ]
         if not changes:
             return
-        self._actuate(changes)
+        for action, allow in changes:
+            if action.pending and allow:
+                self._launch(action)  # its launch sample overrides this tick's held one
+        self._actuate([(a, allow) for a, allow in changes if a.launched])
         for action, allow in changes:
             self._events.emit(
                 "gate",
@@ -227,7 +292,9 @@ class ExecutionLoop:
             if action.meter is None:
                 continue
             try:
-                if not action.allowed:
+                if action.pending:
+                    self._launch(action)  # shutdown: the waiter raises AgentClosed itself
+                elif not action.allowed:
                     action.meter.thaw()
                     action.allowed = True
                 if action.throttled:

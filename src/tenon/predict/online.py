@@ -1,0 +1,51 @@
+"""The `online` predictor: static per-class figures, raised by what was measured so far.
+
+For an action of class C in family F (e.g. a repository), the predicted peak is the largest
+of: the static figure for C, the largest peak C reached earlier in the same workflow, and the
+largest peak C reached in any workflow of F that completed an action before. The average is
+raised the same way with the mean of those measurements. It learns during a run (`observe`
+after each action) from nothing but completed actions, so it never sees the action it
+predicts: a test suite that needed 1.6 GiB once is expected to need it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from tenon.policy.admission import Prediction
+from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.static import StaticPredictor
+
+logger = logging.getLogger(__name__)
+
+
+class OnlinePredictor:
+    name = "online"
+
+    def __init__(self, static: StaticPredictor) -> None:
+        self._static = static
+        self._family_peak: dict[tuple[str, str], int] = {}
+        self._family_avgs: dict[tuple[str, str], list[int]] = defaultdict(list)
+
+    def predict(self, context: ActionContext) -> Prediction:
+        base = self._static.predict(context)
+        klass = context.action_class
+        own = [m for m in context.history if m.action_class == klass]
+        key = (context.family or "", klass)
+        peaks = [base.peak_bytes, *(m.peak_bytes for m in own)]
+        avgs = [base.avg_bytes]
+        if key in self._family_peak:
+            peaks.append(self._family_peak[key])
+            family_avgs = self._family_avgs[key]
+            avgs.append(sum(family_avgs) // len(family_avgs))
+        if own:
+            avgs.append(sum(m.avg_bytes for m in own) // len(own))
+        peak = max(peaks)
+        avg = min(max(avgs), peak)
+        return Prediction(avg, peak, heavy_risk=peak > self._static.heavy_peak_bytes)
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        key = (context.family or "", measured.action_class)
+        self._family_peak[key] = max(self._family_peak.get(key, 0), measured.peak_bytes)
+        self._family_avgs[key].append(measured.avg_bytes)
