@@ -112,7 +112,7 @@ def decide_gate(
     denied_since: Mapping[str, float],
     growth_caps: Mapping[str, int] | None = None,
     free_bytes: int = 0,
-    others_can_free: bool = False,
+    reclaimable_bytes: int = 0,
 ) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort.
 
@@ -122,9 +122,8 @@ def decide_gate(
     digs into the yellow region. Yellow is mostly *predicted* risk (admitted actions may
     still grow); physical room above the line is not at risk, and without this rule a
     busy domain would serialize every action's start through one slot. Red has no such
-    room (H is below the red line). `others_can_free` says memory can come back without
-    any grower running (an idle sandbox is being or can be torn down): no liveness probe
-    is needed then.
+    room (H is below the red line). `reclaimable_bytes` is memory that can come back
+    without any grower running (idle sandboxes that are being or can be torn down).
     """
     if level is Pressure.GREEN:
         return GateDecision(
@@ -192,9 +191,10 @@ def decide_gate(
             allowed.append(sid)
             kind = "probe" if level is Pressure.RED else f"slot {num_slotted}/{slots}"
             reasons[sid] = f"{name} {kind}: demand {demand} B fits{late}"
-    if not allowed and candidates and not others_can_free:
-        # Liveness: no grower fits H, nothing else runs and no idle sandbox can give memory
-        # back, so nothing can free memory while everyone is held. One runs alone: the one
+    smallest = min((c[2] for c in candidates), default=0)
+    if not allowed and candidates and headroom_bytes + reclaimable_bytes < smallest:
+        # Liveness: no grower fits H, nothing else runs, and even tearing down every idle
+        # sandbox would not make room for one, so waiting cannot help. One runs alone: the one
         # closest to done (smallest demand; it frees its memory soonest), among those
         # already running if any (rotating probes every period would let none finish),
         # else among those waiting past the overdue threshold. The safety margin S absorbs
@@ -258,7 +258,7 @@ class GateController:
         now: float,
         growth_caps: Mapping[str, int] | None = None,
         free_bytes: int = 0,
-        others_can_free: bool = False,
+        reclaimable_bytes: int = 0,
     ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
         decision = decide_gate(
@@ -271,7 +271,7 @@ class GateController:
             denied_since=self._denied_since,
             growth_caps=growth_caps,
             free_bytes=free_bytes,
-            others_can_free=others_can_free,
+            reclaimable_bytes=reclaimable_bytes,
         )
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.

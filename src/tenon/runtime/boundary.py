@@ -7,7 +7,6 @@ loop's tick; the decisions themselves are the pure functions of `policy/`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -96,13 +95,15 @@ class Boundary:
                            admitted_total_bytes=rt.admission.admitted_total_bytes,
                            headroom_bytes=headroom, pressure=pressure.level.name.lower())
 
-    def can_free_memory(self) -> bool:
-        """Whether memory can come back without a held grower running: a teardown is in
-        flight, or an idle restartable sandbox can be torn down."""
+    def reclaimable_bytes(self) -> int:
+        """Memory that can come back without a held grower running: what idle restartable
+        sandboxes hold, and sandboxes whose teardown is in flight (no reads: an idle
+        sandbox holds what it held when its last action ended)."""
         rt = self._rt
         if not rt.spec.use_residency:
-            return False
-        return rt.lifecycle.in_flight > 0 or self._reclaimable()
+            return 0
+        return sum(s.idle_bytes for s in rt.agents.values()
+                   if (s.idle and s.restartable) or (s.lifecycle is not None and not s.torn_down))
 
     def _reclaimable(self) -> bool:
         return self._rt.spec.use_residency and any(
@@ -164,6 +165,7 @@ class Boundary:
         rt = self._rt
         eligibility = check_restartable(sandbox, agent_has_logical_state=True)
         state.restartable = eligibility.restartable
+        state.idle_bytes = last_usage
         pressure = rt.pressure_now()
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
                           state.predicted_wait_s or 0.0)
@@ -204,15 +206,8 @@ class Boundary:
         needed = int(green_line + waiting - pressure.headroom_bytes) + 1
         if needed <= 0:
             return
-        idle = []
-        for state in rt.agents.values():
-            sandbox = rt.residency.sandbox_for(state.agent_id)
-            if not (state.idle and state.restartable) or sandbox is None:
-                continue
-            meter = getattr(sandbox, "cgroup", None)
-            with contextlib.suppress(OSError):
-                usage = meter.reading().usage_bytes if meter is not None else 0
-                idle.append(IdleSandbox(state.agent_id, usage, True))
+        idle = [IdleSandbox(s.agent_id, s.idle_bytes, True) for s in rt.agents.values()
+                if s.idle and s.restartable]
         chosen = choose_reclaim(idle, pressure.level, needed,
                                 max_count=rt.lifecycle.slots.num_free)
         for agent_id in chosen:

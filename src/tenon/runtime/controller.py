@@ -361,8 +361,10 @@ class Runtime:
             last = meter.reading()
             oom_kills = meter.new_oom_kills()
             avg, peak = action.stats.finish(end, last.usage_bytes, last.peak_bytes)
+            idle_bytes = last.usage_bytes
         except OSError:  # the cgroup went with the sandbox
             oom_kills, avg, peak = 0, action.stats.peak_bytes, action.stats.peak_bytes
+            idle_bytes = action.last_usage_bytes
         if died is not None:
             outcome = Outcome.SANDBOX_DIED
         elif oom_kills > 0:
@@ -387,7 +389,7 @@ class Runtime:
             self.events.emit("oom_kill", action_id=action.action_id, agent_id=state.agent_id,
                              sandbox_id=action.gate_id, num_kills=oom_kills)
         if not outcome.fails_attempt and self.spec.use_residency:
-            self.boundary.after_action(state, sandbox, last_usage=action.last_usage_bytes)
+            self.boundary.after_action(state, sandbox, last_usage=idle_bytes)
         return ActionResult(
             action.action_id, state.agent_id, outcome,
             -9 if result is None else result.exit_code,
@@ -430,7 +432,7 @@ class Runtime:
                 self.admission.set_window(window)
                 self.events.emit("window", window_bytes=window, budget_bytes=budget)
         pressure = await self.execution.tick(
-            now, list(self.actions.values()), others_can_free=self.boundary.can_free_memory())
+            now, list(self.actions.values()), reclaimable_bytes=self.boundary.reclaimable_bytes())
         if self.spec.use_residency:
             self.boundary.reclaim(pressure)
             self.boundary.predictive_rebuilds(pressure, now)

@@ -162,7 +162,7 @@ class ExecutionLoop:
         self.gate.forget(action.gate_id)
 
     async def tick(self, now: float, actions: list[RunningAction], *,
-                   others_can_free: bool = False) -> PressureState:
+                   reclaimable_bytes: int = 0) -> PressureState:
         self.num_ticks += 1
         started = [a for a in actions if a.started]
         samples: list[SandboxSample] = []
@@ -185,7 +185,7 @@ class ExecutionLoop:
         # Everything from picking `started` to actuating runs without an await: an action
         # that ends meanwhile could otherwise see its sandbox frozen after it returned.
         if self._use_gate:
-            self._gate(now, started, samples, pressure, others_can_free)
+            self._gate(now, started, samples, pressure, reclaimable_bytes)
         if self._agentcgroup and self._domain.version is CgroupVersion.V1:
             self._throttle_v1(started)
         held = sum(not a.allowed for a in started)
@@ -213,13 +213,13 @@ class ExecutionLoop:
         started: list[RunningAction],
         samples: list[SandboxSample],
         pressure: PressureState,
-        others_can_free: bool,
+        reclaimable_bytes: int,
     ) -> None:
         self.gate.observe(samples)
         caps = {a.gate_id: self.growth_cap(a) for a in started}
         free = self.free_bytes(pressure)
         decision = self.gate.decide(pressure.level, pressure.headroom_bytes, now, caps,
-                                    free_bytes=free, others_can_free=others_can_free)
+                                    free_bytes=free, reclaimable_bytes=reclaimable_bytes)
         self.last_decision = decision
         estimates = self.gate.estimates
         self._free_left = free - sum(
