@@ -157,3 +157,24 @@ def test_cli_sweep_writes_one_point_per_value(tmp_path: Path) -> None:
     assert data["sweep"] == "lifecycle_limit"
     assert [p["value"] for p in data["points"]] == [1, 3]
     assert (tmp_path / "sw" / "lifecycle_limit-3" / "summary.json").exists()
+
+
+def test_cli_import_agentcgroup_and_mini_swe_agent(tmp_path: Path) -> None:
+    shared = Path(__file__).resolve().parents[3] / "shared" / "traces"
+    if not (shared / "agentcgroup").is_dir():
+        pytest.skip("shared/traces is not beside the repository")
+    out = tmp_path / "ac.jsonl"
+    result = CliRunner().invoke(app, ["import", "agentcgroup", str(shared / "agentcgroup"),
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "45 workflows" in result.output
+    no_profile = CliRunner().invoke(app, ["import", "mini-swe-agent",
+                                          str(shared / "mini-swe-agent"), "-o",
+                                          str(tmp_path / "ms.jsonl")])
+    assert no_profile.exit_code == 2
+    assert "memory profile is required" in no_profile.output
+    derived = CliRunner().invoke(app, ["import", "mini-swe-agent",
+                                       str(shared / "mini-swe-agent"), "-o",
+                                       str(tmp_path / "ms.jsonl"), "--profile-from", str(out)])
+    assert derived.exit_code == 0, derived.output
+    assert (tmp_path / "ms.jsonl").stat().st_size > 0

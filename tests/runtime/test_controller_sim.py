@@ -264,3 +264,22 @@ def test_controller_restart_recovers_torn_down_agents_from_their_records(
     outcome, sandbox_id = asyncio.run(run_simulated(main(), clock))
     assert outcome == "ok"
     assert "-g2-" in sandbox_id
+
+
+def test_under_pressure_a_new_action_waits_before_it_starts_not_frozen_mid_growth(
+    tmp_path: Path,
+) -> None:
+    async def body(rt, domain, backend, clock):
+        big = await rt.create_agent(image="sim")
+        other = await rt.create_agent(image="sim")
+        first = asyncio.ensure_future(big.run(load(600, 650, 6.0), timeout=60))
+        await clock.sleep(1.0)  # the domain is yellow now: 650 MiB of 1 GiB in use
+        second = await other.run(load(300, 350, 1.0), timeout=60)
+        return await first, second, rt.events.of_kind("start_held")
+
+    first, second, held = run_with_runtime(
+        tmp_path, body, predictor=FixedPredictor(300 * MIB, 700 * MIB))
+    assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
+    assert [e["action_id"] for e in held] == [second.action_id]
+    assert second.queued_s > 1.0  # it waited for the big one, holding no memory meanwhile
+    assert second.duration_s == pytest.approx(1.0, abs=0.2)  # and then ran unfrozen

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from tenon.errors import TenonError
+from tenon.errors import ConfigError, TenonError
 from tenon.units import parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -24,6 +24,8 @@ image_app = typer.Typer(no_args_is_help=True, help="Build and inspect the base i
 bench_app = typer.Typer(help="The replay bench (with --trace) and micro-benchmarks.")
 app.add_typer(image_app, name="image")
 app.add_typer(bench_app, name="bench")
+import_app = typer.Typer(no_args_is_help=True, help="Build traces from real agent logs.")
+app.add_typer(import_app, name="import")
 
 console = Console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")
@@ -246,3 +248,71 @@ def demo(
                              state_dir=state_dir, image=image, console=console))
     except TenonError as exc:
         _fail(exc)
+
+
+TraceOut = Annotated[Path, typer.Option("--output", "-o", help="Trace file to write.")]
+BaseImage = Annotated[str, typer.Option(help="Base image the workflows run on.")]
+
+
+@import_app.command("agentcgroup")
+def import_agentcgroup_cmd(
+    directory: Annotated[Path, typer.Argument(help="Directory of <task>/attempt_*/ runs.")],
+    output: TraceOut,
+    base_image: BaseImage = DEFAULT_IMAGE,
+) -> None:
+    """Join AgentCgroup tool calls with their memory samples into a trace."""
+    from tenon.replay.importers.agentcgroup import import_agentcgroup
+    from tenon.replay.trace import write_trace
+
+    try:
+        trace = import_agentcgroup(directory, base_image=base_image)
+        write_trace(trace, output)
+    except TenonError as exc:
+        _fail(exc)
+    console.print(f"{len(trace.workflows)} workflows, {trace.num_actions} actions -> {output} "
+                  f"(skipped {trace.header.metadata.get('num_skipped', 0)})")
+
+
+@import_app.command("mini-swe-agent")
+def import_miniswe_cmd(
+    directory: Annotated[Path, typer.Argument(help="A *.traj.json file or a directory of them.")],
+    output: TraceOut,
+    profile: Annotated[Path | None, typer.Option(
+        help="JSON memory profile: action class -> {avg_bytes, peak_bytes, "
+             "resident_after_bytes}.")] = None,
+    profile_from: Annotated[Path | None, typer.Option(
+        help="Derive per-class memory from a trace with measured memory (static predictor).")
+    ] = None,
+    base_image: BaseImage = DEFAULT_IMAGE,
+) -> None:
+    """Turn mini-swe-agent trajectories into a trace (memory from a profile or predictor)."""
+    from tenon.replay.importers.miniswe import import_mini_swe_agent
+    from tenon.replay.trace import write_trace
+
+    try:
+        if profile is not None and profile_from is not None:
+            raise ConfigError("give --profile or --profile-from, not both")
+        source: object = profile
+        if profile_from is not None:
+            source = _memory_from_trace(profile_from)
+        trace = import_mini_swe_agent(directory, source, base_image=base_image)  # type: ignore[arg-type]
+        write_trace(trace, output)
+    except TenonError as exc:
+        _fail(exc)
+    console.print(f"{len(trace.workflows)} workflows, {trace.num_actions} actions -> {output}")
+
+
+def _memory_from_trace(path: Path):  # type: ignore[no-untyped-def]
+    """A memory callable from the static predictor fitted on a measured trace."""
+    from tenon.policy.config import PolicyConfig
+    from tenon.predict.base import ActionContext
+    from tenon.replay.bench import profiled_static_predictor
+    from tenon.replay.trace import Memory, load_trace
+
+    predictor = profiled_static_predictor(load_trace(path), PolicyConfig())
+
+    def memory(action_class: str, command: str, step: int) -> Memory:
+        p = predictor.predict(ActionContext("import", command, action_class, step))
+        return Memory(avg_bytes=p.avg_bytes, peak_bytes=p.peak_bytes, resident_after_bytes=0)
+
+    return memory

@@ -1,0 +1,43 @@
+"""The static and online predictors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tenon.errors import ConfigError
+from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.online import OnlinePredictor
+from tenon.predict.static import StaticPredictor
+
+MIB = 1 << 20
+
+
+def ctx(klass: str = "test_runner", *, family: str = "repo", history=()) -> ActionContext:
+    return ActionContext("w1", "pytest -x", klass, len(history), family, None, tuple(history))
+
+
+def test_static_fit_takes_class_means_and_high_peaks() -> None:
+    measured = [MeasuredAction("test_runner", p * MIB // 2, p * MIB, 1.0) for p in range(1, 11)]
+    predictor = StaticPredictor.fit(measured, peak_quantile=0.9)
+    prediction = predictor.predict(ctx())
+    assert prediction.avg_bytes == sum(p * MIB // 2 for p in range(1, 11)) // 10
+    assert prediction.peak_bytes == 10 * MIB  # the 90th percentile of 1..10 MiB
+    assert predictor.predict(ctx("vcs")) == StaticPredictor().predict(ctx("vcs"))
+    with pytest.raises(ConfigError, match="unknown action class"):
+        StaticPredictor({"tests": (1, 2)})
+
+
+def test_online_learns_from_the_workflow_and_the_family_only() -> None:
+    static = StaticPredictor({"test_runner": (100 * MIB, 200 * MIB)})
+    online = OnlinePredictor(static)
+    assert online.predict(ctx()).peak_bytes == 200 * MIB
+    heavy = MeasuredAction("test_runner", 300 * MIB, 1600 * MIB, 10.0)
+    # within the workflow: its own history raises the prediction
+    assert online.predict(ctx(history=[heavy])).peak_bytes == 1600 * MIB
+    assert online.predict(ctx(history=[heavy])).heavy_risk
+    # across workflows: only once observed, and only for the same family and class
+    online.observe(ctx(), heavy)
+    assert online.predict(ctx()).peak_bytes == 1600 * MIB
+    assert online.predict(ctx(family="other")).peak_bytes == 200 * MIB
+    assert online.predict(ctx("vcs")).peak_bytes == static.predict(ctx("vcs")).peak_bytes
+    assert online.predict(ctx()).avg_bytes == 300 * MIB
