@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tenon.errors import TenonError
+from tenon.errors import RecoveryError, SandboxError, TenonError
 from tenon.replay.loadprog import load_command
 from tenon.replay.schedule import Submission
 from tenon.replay.trace import Action
@@ -81,7 +81,14 @@ async def replay(
         try:
             while record.attempts <= max_retries and not record.completed:
                 record.attempts += 1
-                outcome = await _attempt(runtime, sub, speed=speed, sim=sim)
+                try:
+                    outcome = await _attempt(runtime, sub, speed=speed, sim=sim)
+                except (SandboxError, RecoveryError) as exc:
+                    # a sandbox that would not start or was lost: a failed attempt, retried
+                    logger.warning("workflow %s attempt %d: %s", sub.instance,
+                                   record.attempts, exc)
+                    record.errors.append(str(exc))
+                    outcome = Outcome.SANDBOX_DIED
                 if outcome is None:
                     record.completed = True
                     break

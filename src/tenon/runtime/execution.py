@@ -66,8 +66,14 @@ class RunningAction:
 
 
 def predicted_growth_bytes(actions: Iterable[RunningAction]) -> int:
-    """Predicted remaining growth of admitted actions: peak less what each sandbox holds."""
-    return sum(max(a.prediction.peak_bytes - a.last_usage_bytes, 0) for a in actions)
+    """Predicted remaining growth of admitted actions: peak less what each sandbox holds.
+
+    Actions held before their start are left out: they cannot grow until the gate lets
+    them start, and it checks their demand when it does. Counting them made the pressure
+    that held them (a self-inflicted yellow).
+    """
+    return sum(max(a.prediction.peak_bytes - a.last_usage_bytes, 0)
+               for a in actions if not a.pending)
 
 
 class ExecutionLoop:
