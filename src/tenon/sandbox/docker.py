@@ -11,8 +11,10 @@ as the workspace's owner uid:gid with all capabilities dropped and no-new-privil
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -20,9 +22,10 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import docker
 import docker.errors
@@ -59,6 +62,18 @@ _READY_TIMEOUT_S = 10.0
 _MERGED_SH = ("/bin/sh", "-c", 'exec 2>&1; exec /bin/sh -c "$1"', "sh")
 _IO_GRACE_S = 0.1  # after the exec exits, how long a background holder may keep its output
 _DAEMON_FIX = "start dockerd (systemctl start docker), or run: bash scripts/setup.sh"
+
+
+T = TypeVar("T")
+
+# The SDK blocks, and an exec's output drain holds a thread for the action's whole life (a
+# frozen one too). On asyncio's default pool (cores + 4 threads) a burst of held actions
+# starved every other Docker call, teardown included; this pool is sized for many sandboxes.
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="tenon-docker")
+
+
+async def _in_pool(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
 
 
 def connect(timeout_s: float = 30.0) -> docker.DockerClient:
@@ -147,7 +162,7 @@ class DockerBackend:
         return []
 
     async def materialize(self, spec: SandboxSpec) -> DockerSandbox:
-        return await asyncio.to_thread(self._materialize, spec)
+        return await _in_pool(self._materialize, spec)
 
     def _materialize(self, spec: SandboxSpec) -> DockerSandbox:
         client = self.client
@@ -238,13 +253,13 @@ class DockerSandbox:
         api = self.client.api
         start = time.perf_counter()
         try:
-            exec_id, raw = await asyncio.to_thread(self._start, command, token)
+            exec_id, raw = await _in_pool(self._start, command, token)
         except docker.errors.APIError as exc:
             raise SandboxDied(f"exec in {self.spec.sandbox_id} failed: {exc}") from exc
         # The unix-socket transport hands back a SocketIO; shutdown() needs the real socket.
         sock: socket.socket = getattr(raw, "_sock", raw)
         buf = bytearray()
-        drain = asyncio.ensure_future(asyncio.to_thread(_drain, raw, buf, max_output_bytes))
+        drain = asyncio.ensure_future(_in_pool(_drain, raw, buf, max_output_bytes))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         held_at_start = self.cgroup.held_s()
@@ -262,17 +277,21 @@ class DockerSandbox:
                 poll_s = min(poll_s * 2, 0.25)
                 if drain.done():
                     break
-                info = await asyncio.to_thread(api.exec_inspect, exec_id)
+                info = await _in_pool(api.exec_inspect, exec_id)
                 if not info["Running"]:  # exited; a background child holds the output open
                     await asyncio.wait({drain}, timeout=_IO_GRACE_S)
                     break
+        except BaseException:  # cancelled (Ctrl-C): a held exec would never end, nor let
+            with contextlib.suppress(OSError):  # Docker answer about its container
+                self.cgroup.thaw()
+            raise
         finally:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             truncated = await drain
             raw.close()
             sock.close()
-        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        info = await _in_pool(api.exec_inspect, exec_id)
         code = -9 if timed_out else info.get("ExitCode")
         code = -1 if code is None else int(code)
         output = bytes(buf).decode(errors="replace")
@@ -288,7 +307,7 @@ class DockerSandbox:
         return exec_id, api.exec_start(exec_id, socket=True)
 
     async def _kill_exec(self, exec_id: str, token: str) -> None:
-        info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
+        info = await _in_pool(self.client.api.exec_inspect, exec_id)
         root_pid = int(info.get("Pid") or 0)
         logger.info("sandbox %s: timeout, killing tree of pid %d", self.spec.sandbox_id, root_pid)
         await kill_action(root_pid, self._pids, token, exclude=set(self.init_pids))
@@ -328,7 +347,7 @@ class DockerSandbox:
         return bool(self.container.attrs["State"].get("OOMKilled"))
 
     async def destroy(self) -> None:
-        await asyncio.to_thread(self._destroy)
+        await _in_pool(self._destroy)
 
     def _destroy(self) -> None:
         if self._destroyed:

@@ -328,6 +328,8 @@ class ProcessSandbox:
                 await proc.wait()
             await capture.wait_eof(OUTPUT_GRACE_S)
         except BaseException:  # cancelled: leave nothing of the action behind
+            with contextlib.suppress(OSError):
+                self.cgroup.thaw()  # a held action cannot die of SIGKILL until thawed
             await asyncio.shield(kill_action(proc.pid, self.cgroup.pids, exec_id,
                                              exclude=self._own_pids))
             raise
