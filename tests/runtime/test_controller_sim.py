@@ -279,7 +279,8 @@ def test_under_pressure_a_new_action_waits_before_it_starts_not_frozen_mid_growt
 
     first, second, held = run_with_runtime(
         tmp_path, body, predictor=FixedPredictor(300 * MIB, 700 * MIB))
-    assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
+    assert first.outcome is Outcome.OK
+    assert second.outcome is Outcome.OK
     assert [e["action_id"] for e in held] == [second.action_id]
     assert second.queued_s > 1.0  # it waited for the big one, holding no memory meanwhile
     assert second.duration_s == pytest.approx(1.0, abs=0.2)  # and then ran unfrozen

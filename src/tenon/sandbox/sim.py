@@ -198,10 +198,10 @@ class SimCgroup:
         self.frozen = frozen
         return GateResult(frozen, changed, time.perf_counter() - start)
 
-    def freeze(self) -> GateResult:
+    def freeze(self, timeout_s: float = 5.0) -> GateResult:
         return self._set_frozen(True)
 
-    def thaw(self) -> GateResult:
+    def thaw(self, timeout_s: float = 5.0) -> GateResult:
         return self._set_frozen(False)
 
     def held_s(self) -> float:

@@ -1,0 +1,65 @@
+"""The replay bench on the real process backend: Ctrl-C cleans up and keeps partial results."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+TRACE = REPO / "bench" / "traces" / "agentcgroup-haiku.jsonl"
+
+
+def _need_real_sandboxes() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("real sandboxes need root")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if not Path("/var/lib/tenon/images").exists():
+        pytest.skip("base image missing: run `tenon image build`")
+
+
+def _domains() -> set[str]:
+    return {Path(p).name for p in glob.glob("/sys/fs/cgroup/*/tenon-*")}
+
+
+def test_ctrl_c_removes_sandboxes_and_cgroups_and_keeps_partial_results(tmp_path: Path) -> None:
+    _need_real_sandboxes()
+    before = _domains()
+    out = tmp_path / "run"
+    tenon = Path(sys.executable).parent / "tenon"
+    cmd = [str(tenon), "bench", "--trace", str(TRACE), "--budget", "2GiB", "--backend",
+           "process", "--speed", "20", "--qps", "6", "--window", "1s", "--policies",
+           "eager,tenon", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        # interrupt once eager has finished and tenon's sandboxes are running
+        while time.monotonic() < deadline and not (out / "tenon" / "events.jsonl").exists():
+            time.sleep(0.5)
+        time.sleep(3.0)
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        os.kill(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["policies"]) == ["eager"]  # the finished policy is kept
+    assert summary["meta"]["interrupted_during"] == "tenon"
+    # every cgroup the bench made is gone (rmdir succeeds only once its processes are)
+    assert _domains() <= before
