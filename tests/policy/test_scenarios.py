@@ -15,9 +15,10 @@ from tenon.policy import (
     parse_policy,
     residency_decision,
 )
+from tenon.policy.admission import AdmissionController
 from tenon.policy.bench import bench_gate
 
-from .factories import MIB, make_config, make_idle, make_sample
+from .factories import MIB, make_config, make_idle, make_request, make_sample
 
 
 def _run(gate: GateController, ids, steps, level, headroom, start=0.0, grow=32 * MIB):
@@ -127,3 +128,27 @@ def test_bench_gate_reports_the_recorded_keys() -> None:
     assert set(result) == {"sandboxes", "decide_ms_p50", "decide_ms_p99"}
     assert result["sandboxes"] == 50
     assert 0 < result["decide_ms_p50"] <= result["decide_ms_p99"]
+
+
+def test_admission_serves_the_oldest_workflow_first_then_readiness() -> None:
+    config = make_config()
+    ctl = AdmissionController(config, window_bytes=250 * MIB)
+    # w-new's action became ready first, but w-old started earlier: w-old goes first
+    ctl.submit(make_request("new-1", "w-new", 100 * MIB, 100 * MIB, ready_at=1.0,
+                            workflow_since=0.5))
+    ctl.submit(make_request("old-2", "w-old", 100 * MIB, 100 * MIB, ready_at=2.0,
+                            workflow_since=0.0))
+    ctl.submit(make_request("old-1", "w-old", 100 * MIB, 100 * MIB, ready_at=1.5,
+                            workflow_since=0.0))
+    admitted = [d.action_id for d in ctl.decide(now=3.0, headroom_bytes=10 * 1024 * MIB)]
+    assert admitted == ["old-1", "old-2"]  # the window holds two; w-new waits
+    ctl.release("old-1")
+    assert [d.action_id for d in ctl.decide(now=3.0, headroom_bytes=10 * 1024 * MIB)] == [
+        "new-1"]
+
+
+def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:
+    ctl = AdmissionController(make_config(), window_bytes=150 * MIB)
+    ctl.submit(make_request("late", "w-a", 100 * MIB, 100 * MIB, ready_at=2.0))
+    ctl.submit(make_request("early", "w-b", 100 * MIB, 100 * MIB, ready_at=1.0))
+    assert [d.action_id for d in ctl.decide(now=3.0, headroom_bytes=1 << 40)] == ["early"]

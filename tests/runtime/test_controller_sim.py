@@ -284,3 +284,44 @@ def test_under_pressure_a_new_action_waits_before_it_starts_not_frozen_mid_growt
     assert [e["action_id"] for e in held] == [second.action_id]
     assert second.queued_s > 1.0  # it waited for the big one, holding no memory meanwhile
     assert second.duration_s == pytest.approx(1.0, abs=0.2)  # and then ran unfrozen
+
+
+def test_green_launches_only_the_starts_that_fit_above_the_yellow_line(tmp_path: Path) -> None:
+    """A burst of ready actions in a green domain starts a few at a time, held before their
+    start (holding nothing), not all at once to be frozen half-allocated in the yellow
+    region they push the domain into."""
+    async def body(rt, domain, backend, clock):
+        agents = [await rt.create_agent(image="sim") for _ in range(5)]
+        results = await asyncio.gather(*(a.run(load(150, 200, 2.0), timeout=60)
+                                         for a in agents))
+        return results, rt.events.of_kind("start_held"), rt.events.of_kind("sample")
+
+    results, held, samples = run_with_runtime(tmp_path, body)
+    assert [r.outcome for r in results] == [Outcome.OK] * 5
+    assert len(held) >= 3  # 266 MiB demand each (peak + slack); ~500 MiB above the line
+    launched = [e["running"] - e["pending"] for e in samples]
+    assert max(launched) <= 3  # never all five at once
+
+
+def test_a_held_grower_past_overdue_keeps_its_room_from_new_admissions(tmp_path: Path) -> None:
+    """An action that outgrew its prediction and is held must not starve behind a stream of
+    light actions that admission keeps handing the room it needs."""
+    async def body(rt, domain, backend, clock):
+        big = await rt.create_agent(image="sim")
+        light = [await rt.create_agent(image="sim") for _ in range(6)]
+
+        async def stream(agent):
+            for _ in range(60):
+                await agent.run(load(60, 80, 0.5), timeout=60)
+            return clock.now()
+
+        streams = [asyncio.ensure_future(stream(a)) for a in light]
+        await clock.sleep(0.5)
+        result = await big.run(load(450, 600, 2.0), timeout=120)  # predicted 200 MiB peak
+        big_done = clock.now()
+        return result, big_done, min(await asyncio.gather(*streams))
+
+    result, big_done, first_stream_done = run_with_runtime(
+        tmp_path, body, predictor=FixedPredictor(50 * MIB, 100 * MIB))
+    assert result.outcome is Outcome.OK
+    assert big_done < first_stream_done  # it ran while the light work was still flowing

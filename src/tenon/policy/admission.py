@@ -3,8 +3,8 @@
 Each admitted action holds a logical charge `(1-a)*avg + a*peak` with
 `a = clamp(admitted_total / window, 0, 1)`, fixed at admission and released
 exactly once at completion. Light and heavy actions queue separately but share
-the window. The oldest ready heavy action accrues protected credit at
-`heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
+the window, each served oldest workflow first. The oldest ready heavy action accrues
+protected credit at `heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
 credit, so once it covers the heavy action's charge, light admissions stop
 eating the room it needs and it is admitted as soon as running actions release.
 After the logical check, a charge must also fit the physical headroom H.
@@ -37,6 +37,14 @@ class ActionRequest:
     workflow_id: str
     prediction: Prediction
     ready_at: float
+    workflow_since: float | None = None
+    """When the action's workflow started. Queues serve the oldest workflow first, then
+    readiness; None ranks by readiness alone."""
+
+    @property
+    def queue_key(self) -> tuple[float, float]:
+        since = self.ready_at if self.workflow_since is None else self.workflow_since
+        return (since, self.ready_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +113,11 @@ class AdmissionController:
             raise ValueError(f"action {req.action_id!r} is already queued or admitted")
         queue = self._heavy if is_heavy(req.prediction, self._config) else self._light
         queue.append(req)
-        # Stable FIFO by readiness; submission order breaks ties.
-        queue.sort(key=lambda r: r.ready_at)
+        # Oldest workflow first, then readiness (stable: submission order breaks ties). Pure
+        # readiness order interleaves every live workflow, one action per trip through the
+        # queue, so all of them finish late and all of their sandboxes stay live or cycle
+        # through teardown and rebuild; serving the oldest workflow first drains them.
+        queue.sort(key=lambda r: r.queue_key)
 
     def withdraw(self, action_id: str) -> bool:
         """Drop a queued, not yet admitted action (its caller gave up); False if not queued."""

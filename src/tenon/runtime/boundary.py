@@ -81,6 +81,9 @@ class Boundary:
         # The physical gate after the logical window: H now. Growth still to come is the
         # window's business (charges rise toward peaks) and the execution gate's.
         headroom = pressure.headroom_bytes
+        if rt.spec.use_gate:
+            starving = rt.execution.starving_demand_bytes(rt.actions.values(), rt.clock.now())
+            headroom = max(headroom - starving, 0)
         if not rt.actions and rt.lifecycle.in_flight == 0 and not self._reclaimable():
             # Liveness: nothing runs, nothing is being torn down and nothing idle can be:
             # waiting cannot free memory, so only the logical window applies.
@@ -188,7 +191,8 @@ class Boundary:
         the physical headroom covers the yellow line plus what waiting work needs.
 
         The deficit is physical: H against the line plus the predicted demand of actions
-        held before their start and the predicted averages of actions waiting for admission.
+        held before their start, the demand of growers held past overdue, and the predicted
+        averages of actions waiting for admission.
         Idle memory is given back for work that is ready, not for growth nobody asked for:
         that would only trade memory for rebuilds.
         """
@@ -199,8 +203,10 @@ class Boundary:
         green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
         waiting = sum(max(a.prediction.peak_bytes - a.last_usage_bytes, 0)
                       for a in rt.actions.values() if a.pending)
+        now = rt.clock.now()
+        if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
+            waiting += rt.execution.starving_demand_bytes(rt.actions.values(), now)
         if rt.admission is not None:
-            now = rt.clock.now()
             waiting += sum(r.prediction.avg_bytes for r in rt.admission.queued
                            if r.ready_at <= now)
         needed = int(green_line + waiting - pressure.headroom_bytes) + 1

@@ -304,7 +304,7 @@ class Runtime:
         admitted = False
         try:
             decision = await self.boundary.admit(action, ActionRequest(
-                action_id, state.agent_id, prediction, ready_at))
+                action_id, state.agent_id, prediction, ready_at, state.created_at))
             admitted = True
             action.charge_bytes = decision.charge_bytes if decision else 0
             if state.lifecycle is not None:  # a teardown or predictive rebuild in flight

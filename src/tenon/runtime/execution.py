@@ -102,6 +102,7 @@ class ExecutionLoop:
         self._last_logged: tuple[Any, ...] = ()
         self._free_left = 0  # room above the yellow line not yet handed out this period
         self.num_ticks = 0
+        self._num_launched = 0  # actions whose exec began and has not returned
 
     def pressure(self, actions: Iterable[RunningAction], reading: MemoryReading) -> PressureState:
         budget = self._domain.budget_bytes
@@ -123,31 +124,93 @@ class ExecutionLoop:
         yellow_line = (self._config.red_fraction + self._config.yellow_fraction) * budget
         return max(int(pressure.headroom_bytes - yellow_line), 0)
 
+    def starving_demand_bytes(self, actions: Iterable[RunningAction], now: float) -> int:
+        """The gate demand of sandboxes it has denied for at least `overdue_after_s`.
+
+        Admission keeps this much of H back. Otherwise a held grower that needs more than
+        the room left (typically one that outgrew its prediction) never runs: each action
+        that finishes frees room, admission hands it to the next light action, and the held
+        one waits for the domain to drain. Reserving its demand is what heavy credit does
+        for a queued heavy action, applied to one already running.
+        """
+        denied_since = self.gate.denied_since
+        estimates = self.gate.estimates
+        overdue_after = self._config.overdue_after_s
+        total = 0
+        for action in actions:
+            since = denied_since.get(action.gate_id)
+            if not action.started or since is None or now - since < overdue_after:
+                continue
+            estimate = estimates.get(action.gate_id)
+            if estimate is None:
+                estimate = GrowthEstimate(action.gate_id, None, None, False)
+            total += gate_demand_bytes(estimate, self.growth_cap(action), self._config)
+        return total
+
     def start_action(self, action: RunningAction) -> bool:
         """A fresh action enters the gate's view from bootstrap demand (its sandbox's past
         says nothing). True when it may start at once; otherwise it is pending and a tick
         resolves `action.launch` when the gate lets it start.
 
         Holding an action *before* it starts costs nothing, while freezing it mid-growth
-        keeps what it has allocated: under pressure a new action starts only when its
-        demand fits the room above the yellow line left this period, else the gate decides
-        it with the others at the next tick.
+        keeps what it has allocated: a new action starts only when its demand fits the room
+        above the yellow line left this period, else the gate decides it with the others at
+        the next tick. Green included: one green period used to launch every held start at
+        once, which pushed the domain into yellow with all of them frozen half-allocated.
         """
         self.gate.forget(action.gate_id)
         pressure = self.last_pressure
-        if not self._use_gate or pressure is None or pressure.level is Pressure.GREEN:
+        if not self._use_gate or pressure is None:
             return self._launch(action)
-        cap = self.growth_cap(action)
-        demand = gate_demand_bytes(GrowthEstimate(action.gate_id, None, None, False), cap,
-                                   self._config)
-        if demand <= 0 or (pressure.level is Pressure.YELLOW and demand <= self._free_left):
+        demand = self.start_demand_bytes(action)
+        if demand <= 0 or (pressure.level is not Pressure.RED and demand <= self._free_left) or (
+                pressure.level is Pressure.GREEN and not self._num_launched):
             self._free_left -= max(demand, 0)
             return self._launch(action)
         action.allowed = False
+        action.extra["held_since"] = self._now()
         action.launch = asyncio.get_running_loop().create_future()
         return False
 
+    def start_demand_bytes(self, action: RunningAction) -> int:
+        """What a not yet started action is expected to grow: its prediction (with slack)."""
+        return gate_demand_bytes(GrowthEstimate(action.gate_id, None, None, False),
+                                 self.growth_cap(action), self._config)
+
+    def _ration_starts(self, now: float, started: list[RunningAction],
+                       decision: GateDecision, pressure: PressureState) -> set[str]:
+        """Held starts the gate allowed under green that do not fit the room left above the
+        yellow line: they stay held this period, oldest first served.
+
+        An overdue one (held `overdue_after_s`) may dig into the yellow region as long as it
+        fits H; and when nothing at all has launched, the oldest starts regardless (it
+        could otherwise never run if its prediction exceeds the room of an empty domain).
+        """
+        if pressure.level is not Pressure.GREEN:
+            return set()
+        pending = sorted((a for a in started if a.pending and a.gate_id in decision.allowed),
+                         key=lambda a: (a.ready_at, a.action_id))
+        if not pending:
+            return set()
+        headroom_left = pressure.headroom_bytes - (self.free_bytes(pressure) - self._free_left)
+        idle_domain = not self._num_launched
+        denied_since = self.gate.denied_since
+        kept: set[str] = set()
+        for action in pending:
+            demand = self.start_demand_bytes(action)
+            since = denied_since.get(action.gate_id, action.extra.get("held_since", now))
+            overdue = now - since >= self._config.overdue_after_s
+            if demand <= self._free_left or (overdue and demand <= headroom_left) or idle_domain:
+                self._free_left -= max(demand, 0)
+                headroom_left -= max(demand, 0)
+                idle_domain = False
+            else:
+                kept.add(action.gate_id)
+        return kept
+
     def _launch(self, action: RunningAction) -> bool:
+        if not action.launched:
+            self._num_launched += 1
         action.launched, action.allowed = True, True
         if action.launch is not None and not action.launch.done():
             action.launch.set_result(None)
@@ -165,6 +228,8 @@ class ExecutionLoop:
     def end_action(self, action: RunningAction) -> None:
         """The action's exec returned. Called synchronously right after, so no tick can act
         on the sandbox in between: the next action may already be starting in it."""
+        if action.launched and not action.done:
+            self._num_launched -= 1
         action.done = True
         self.gate.forget(action.gate_id)
 
@@ -211,6 +276,7 @@ class ExecutionLoop:
                 held=held,
                 pending=sum(a.pending for a in started),
                 oom_kills=domain_reading.num_oom_kills,
+                reclaimable_bytes=reclaimable_bytes,
             )
         return pressure
 
@@ -229,13 +295,17 @@ class ExecutionLoop:
                                     free_bytes=free, reclaimable_bytes=reclaimable_bytes)
         self.last_decision = decision
         estimates = self.gate.estimates
+        rationed = pressure.level is Pressure.GREEN  # held starts: `_ration_starts` counts them
         self._free_left = free - sum(
             gate_demand_bytes(estimates[a.gate_id], caps[a.gate_id], self._config)
-            for a in started if a.gate_id in decision.allowed and a.gate_id in estimates)
+            for a in started
+            if a.gate_id in decision.allowed and a.gate_id in estimates
+            and not (a.pending and rationed))
+        kept = self._ration_starts(now, started, decision, pressure)
         changes = [
             (a, a.gate_id in decision.allowed)
             for a in started
-            if (a.gate_id in decision.allowed) != a.allowed
+            if (a.gate_id in decision.allowed) != a.allowed and a.gate_id not in kept
             and (a.gate_id in decision.allowed or a.gate_id in decision.denied)
         ]
         if not changes:
