@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,18 @@ def _domains() -> set[str]:
     return {Path(p).name for p in glob.glob("/sys/fs/cgroup/*/tenon-*")}
 
 
-def test_ctrl_c_removes_sandboxes_and_cgroups_and_keeps_partial_results(tmp_path: Path) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a non-interactive shell's `&` does
+
+
+@pytest.mark.parametrize(
+    ("signum", "preexec"),
+    [(signal.SIGINT, None), (signal.SIGINT, _ignore_sigint), (signal.SIGTERM, None)],
+    ids=["ctrl-c", "sigint-inherited-ignored", "sigterm"],
+)
+def test_interrupt_removes_sandboxes_and_cgroups_and_keeps_partial_results(
+    tmp_path: Path, signum: signal.Signals, preexec: Any
+) -> None:
     _need_real_sandboxes()
     before = _domains()
     out = tmp_path / "run"
@@ -42,7 +54,7 @@ def test_ctrl_c_removes_sandboxes_and_cgroups_and_keeps_partial_results(tmp_path
            "process", "--speed", "20", "--qps", "6", "--window", "1s", "--policies",
            "eager,tenon", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            cwd=REPO, start_new_session=True)
+                            cwd=REPO, start_new_session=True, preexec_fn=preexec)
     try:
         deadline = time.monotonic() + 120
         # interrupt once eager has finished and tenon's sandboxes are running
@@ -50,7 +62,7 @@ def test_ctrl_c_removes_sandboxes_and_cgroups_and_keeps_partial_results(tmp_path
             time.sleep(0.5)
         time.sleep(3.0)
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signum)
         output = proc.communicate(timeout=120)[0].decode()
     finally:
         if proc.poll() is None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +100,28 @@ def run_cli_bench(*, console: Console, base: dict[str, Any], sweep: str | None,
         console.print(f"results: {json_path}")
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM both stop the bench the way Ctrl-C does (cleanup, partial results).
+
+    A process started in the background by a non-interactive shell inherits SIGINT ignored,
+    and Python then leaves it ignored: `kill -INT` did nothing. SIGTERM (what a service
+    manager or `kill` sends) had no cleanup at all. Both now reach asyncio's SIGINT path.
+    """
+    def forward(signum: int, frame: object) -> None:
+        del signum, frame
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _run_one(console: Console, config: BenchConfig) -> dict[str, Any]:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=False)
@@ -115,7 +141,7 @@ def _run_one(console: Console, config: BenchConfig) -> dict[str, Any]:
                   f"{config.budget_bytes / 2**30:.2f} GiB, speed {config.speed}x -> "
                   f"{config.out_dir}")
     start = time.monotonic()
-    with progress:
+    with progress, interruptible():
         summary = asyncio.run(run_bench(config, on_policy_start=started, on_done=done))
     written = draw(config.out_dir)
     console.print(Markdown(table_markdown(summary)))
