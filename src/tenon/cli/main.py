@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
+from tenon.cli.predict import predict_app
 from tenon.errors import ConfigError, TenonError
 from tenon.units import parse_size
 
@@ -26,6 +27,7 @@ app.add_typer(image_app, name="image")
 app.add_typer(bench_app, name="bench")
 import_app = typer.Typer(no_args_is_help=True, help="Build traces from real agent logs.")
 app.add_typer(import_app, name="import")
+app.add_typer(predict_app, name="predict")
 
 console = Console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")

@@ -24,6 +24,8 @@ class MeasuredAction:
     avg_bytes: int
     peak_bytes: int
     duration_s: float
+    command: str = ""
+    """The command text the action ran (the `forest` predictor's trajectory features)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,7 +79,8 @@ def check_budget(trace: Trace, budget_bytes: int) -> None:
 def profiled_static_predictor(trace: Trace, config: PolicyConfig) -> StaticPredictor:
     """Per-class figures from the trace's profiles, as an operator configures them."""
     measured = [MeasuredAction(s.action.action_class, s.action.memory.avg_bytes,
-                               s.action.memory.peak_bytes, s.action.duration_s)
+                               s.action.memory.peak_bytes, s.action.duration_s,
+                               s.action.command)
                 for w in trace.workflows for s in w.steps]
     return StaticPredictor.fit(measured, heavy_peak_bytes=config.heavy_peak_bytes)
 

@@ -375,7 +375,7 @@ class Runtime:
             outcome = Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
         if outcome.fails_attempt:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
-        measured = MeasuredAction(klass, avg, peak, end - start)
+        measured = MeasuredAction(klass, avg, peak, end - start, command)
         state.history.append(measured)
         observe = getattr(self.predictor, "observe", None)
         if observe is not None and outcome is not Outcome.SANDBOX_DIED:

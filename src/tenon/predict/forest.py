@@ -1,0 +1,168 @@
+"""The `forest` predictor: random forests over causal features.
+
+One multi-output `RandomForestRegressor` predicts log(1 + MiB) of an action's average and
+peak memory (log, because demands span five orders of magnitude and a 20 MiB miss on a
+`grep` matters as much as a 200 MiB miss on a test suite); a `RandomForestClassifier`
+predicts whether its peak will exceed the heavy threshold. An action is flagged heavy when
+the classifier says so with probability >= `heavy_probability` or the predicted peak is
+above the threshold. With no heavy action in the training data there is no classifier, and
+only the regressor can flag one.
+
+Inference goes through `FlatForest` (about a millisecond for one action), not scikit-learn's
+`predict`. The workflow's history arrives in every `ActionContext`, so `observe` has nothing
+to learn: the model changes only when it is retrained.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from sklearn.ensemble import (  # type: ignore[import-untyped]
+    RandomForestClassifier,
+    RandomForestRegressor,
+)
+
+from tenon.errors import ConfigError
+from tenon.policy.admission import Prediction
+from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.features import MIB, FeatureBuilder
+from tenon.predict.trees import FlatForest
+
+__all__ = ["ForestConfig", "ForestPredictor"]
+
+logger = logging.getLogger(__name__)
+
+
+class ForestConfig(BaseModel):
+    """How the forests are built; chosen by cross-validation inside a training split."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_trees: int = Field(
+        default=50,
+        ge=1,
+        le=500,
+        description="Trees per forest; inference time grows with it.",
+    )
+    min_samples_leaf: int = Field(default=2, ge=1, description="Regressor leaf size.")
+    max_features: float = Field(
+        default=0.33, gt=0, le=1, description="Fraction of the columns each split considers."
+    )
+    max_text_features: int = Field(
+        default=256, ge=0, description="TF-IDF vocabulary size; 0 turns text features off."
+    )
+    trajectory_length: int = Field(
+        default=3, ge=0, description="Earlier commands whose words join the text features."
+    )
+    min_family_workflows: int = Field(
+        default=2,
+        ge=1,
+        description="A family gets its own column once this many training workflows have it.",
+    )
+    heavy_probability: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Classifier probability from which an action is flagged heavy.",
+    )
+    seed: int = Field(default=0, description="Random state of both forests.")
+
+
+class ForestPredictor:
+    """Random-forest regressors for average and peak, a classifier for heavy risk."""
+
+    name = "forest"
+
+    def __init__(
+        self,
+        features: FeatureBuilder,
+        regressor: FlatForest,
+        classifier: FlatForest | None,
+        *,
+        heavy_peak_bytes: int,
+        config: ForestConfig,
+    ) -> None:
+        self.features = features
+        self.regressor = regressor
+        self.classifier = classifier
+        self.heavy_peak_bytes = heavy_peak_bytes
+        self.config = config
+
+    @classmethod
+    def fit(
+        cls,
+        rows: Sequence[tuple[ActionContext, MeasuredAction]],
+        *,
+        heavy_peak_bytes: int,
+        config: ForestConfig | None = None,
+    ) -> ForestPredictor:
+        """Fit on (context, what that action measured) rows, e.g. from `Episode.contexts`."""
+        config = config or ForestConfig()
+        if not rows:
+            raise ConfigError("cannot fit the forest predictor on zero actions")
+        contexts = [context for context, _ in rows]
+        features = FeatureBuilder(
+            heavy_peak_bytes=heavy_peak_bytes,
+            max_text_features=config.max_text_features,
+            trajectory_length=config.trajectory_length,
+            min_family_workflows=config.min_family_workflows,
+        ).fit(contexts)
+        x = features.transform(contexts)
+        avg_mib = np.array([m.avg_bytes for _, m in rows], dtype=np.float64) / MIB
+        peak_mib = np.array([m.peak_bytes for _, m in rows], dtype=np.float64) / MIB
+        regressor = RandomForestRegressor(
+            n_estimators=config.num_trees,
+            min_samples_leaf=config.min_samples_leaf,
+            max_features=config.max_features,
+            random_state=config.seed,
+            n_jobs=1,
+        ).fit(x, np.log1p(np.column_stack([avg_mib, peak_mib])))
+        heavy = np.array([m.peak_bytes > heavy_peak_bytes for _, m in rows])
+        classifier = None
+        if heavy.any() and not heavy.all():
+            classifier = FlatForest(
+                RandomForestClassifier(
+                    n_estimators=config.num_trees,
+                    max_features=config.max_features,
+                    random_state=config.seed,
+                    n_jobs=1,
+                ).fit(x, heavy)
+            )
+        else:
+            logger.info("no heavy classifier: %d of %d actions are heavy", heavy.sum(), len(rows))
+        return cls(
+            features,
+            FlatForest(regressor),
+            classifier,
+            heavy_peak_bytes=heavy_peak_bytes,
+            config=config,
+        )
+
+    def predict(self, context: ActionContext) -> Prediction:
+        return self.predict_many([context])[0]
+
+    def predict_many(self, contexts: Sequence[ActionContext]) -> list[Prediction]:
+        """The same as `predict` on each context, in one pass over the trees."""
+        x = self.features.transform(contexts)
+        log_mib = self.regressor.predict(x)
+        figures_bytes = np.expm1(np.maximum(log_mib, 0.0)) * MIB
+        if self.classifier is not None:
+            heavy_probability = self.classifier.predict(x)[:, 1]
+        else:
+            heavy_probability = np.zeros(len(contexts))
+        predictions = []
+        for (avg, peak), probability in zip(figures_bytes, heavy_probability, strict=True):
+            peak_bytes = int(peak)
+            avg_bytes = min(int(avg), peak_bytes)
+            heavy_risk = bool(
+                probability >= self.config.heavy_probability or peak_bytes > self.heavy_peak_bytes
+            )
+            predictions.append(Prediction(avg_bytes, peak_bytes, heavy_risk))
+        return predictions
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """Nothing to do: the workflow's history reaches `predict` through the context."""
+        del context, measured

@@ -1,0 +1,86 @@
+"""The history and forest predictors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tenon.predict.base import ActionContext
+from tenon.predict.episodes import episodes_from_trace
+from tenon.predict.evaluate import replay, score
+from tenon.predict.forest import ForestConfig, ForestPredictor
+from tenon.predict.history import HistoryPredictor
+from tenon.predict.model import fit_predictor
+from tenon.predict.splits import split_workflows
+from tenon.predict.static import StaticPredictor
+
+from .factories import GIB, MIB, big_family_trace, make_action, make_episode
+
+
+def test_history_predicts_the_previous_actions_figures() -> None:
+    static = StaticPredictor({"test_runner": (100 * MIB, 300 * MIB)}, heavy_peak_bytes=GIB)
+    history = HistoryPredictor(static)
+    first = ActionContext("w", "pytest", "test_runner", 0)
+    assert history.predict(first) == static.predict(first)
+    earlier = (
+        make_action("pytest", peak_mib=1500, avg_mib=400),
+        make_action("ls", action_class="search", peak_mib=40, avg_mib=30),
+    )
+    prediction = history.predict(ActionContext("w", "pytest", "test_runner", 2, history=earlier))
+    assert (prediction.avg_bytes, prediction.peak_bytes) == (30 * MIB, 40 * MIB)
+    assert not prediction.heavy_risk
+    after_heavy = history.predict(ActionContext("w", "ls", "search", 1, history=earlier[:1]))
+    assert after_heavy.peak_bytes == 1500 * MIB
+    assert after_heavy.heavy_risk
+
+
+def test_forest_learns_a_family_pattern_that_static_cannot() -> None:
+    episodes = episodes_from_trace(big_family_trace())
+    train, test = split_workflows(episodes, test_fraction=0.34, seed=0, heavy_peak_bytes=GIB)
+    assert {e.family for e in test} >= {"bigrepo"}
+    static = fit_predictor(train, "static", heavy_peak_bytes=GIB)
+    forest = fit_predictor(train, "forest", heavy_peak_bytes=GIB)
+    static_scores = score(replay(static, test), heavy_peak_bytes=GIB)
+    forest_scores = score(replay(forest, test), heavy_peak_bytes=GIB)
+    assert forest_scores.heavy_recall_pct == 100.0
+    assert forest_scores.heavy_precision_pct == 100.0
+    assert static_scores.heavy_precision_pct is not None
+    assert static_scores.heavy_precision_pct < 60.0  # every test run looks alike to static
+    assert forest_scores.mae_mib < static_scores.mae_mib / 3
+    big_test_run = next(
+        c
+        for e in test
+        if e.family == "bigrepo"
+        for c, m in e.contexts()
+        if m.action_class == "test_runner"
+    )
+    assert forest.predict(big_test_run).peak_bytes > GIB
+
+
+def test_forest_predict_many_matches_predict_and_observe_changes_nothing() -> None:
+    episodes = episodes_from_trace(big_family_trace())
+    forest = fit_predictor(episodes, "forest", heavy_peak_bytes=GIB)
+    assert isinstance(forest, ForestPredictor)
+    contexts = [c for c, _ in episodes[0].contexts()]
+    one_by_one = [forest.predict(c) for c in contexts]
+    assert forest.predict_many(contexts) == one_by_one
+    forest.observe(contexts[0], make_action(peak_mib=5000))
+    assert [forest.predict(c) for c in contexts] == one_by_one
+    assert all(p.avg_bytes <= p.peak_bytes for p in one_by_one)
+
+
+def test_forest_without_heavy_examples_has_no_classifier() -> None:
+    episodes = [make_episode(f"w{i}") for i in range(3)]
+    forest = fit_predictor(
+        episodes, "forest", heavy_peak_bytes=GIB, config=ForestConfig(num_trees=5)
+    )
+    assert isinstance(forest, ForestPredictor)
+    assert forest.classifier is None
+    assert forest.regressor.num_trees == 5
+    assert not forest.predict(next(episodes[0].contexts())[0]).heavy_risk
+
+
+def test_forest_config_rejects_unknown_fields_and_bad_bounds() -> None:
+    with pytest.raises(ValueError, match="num_trees"):
+        ForestConfig(num_trees=0)
+    with pytest.raises(ValueError, match="extra"):
+        ForestConfig.model_validate({"trees": 5})
