@@ -41,3 +41,19 @@ def test_online_learns_from_the_workflow_and_the_family_only() -> None:
     assert online.predict(ctx(family="other")).peak_bytes == 200 * MIB
     assert online.predict(ctx("vcs")).peak_bytes == static.predict(ctx("vcs")).peak_bytes
     assert online.predict(ctx()).avg_bytes == 300 * MIB
+
+
+def test_online_raises_any_base_predictor_and_keeps_its_heavy_flag() -> None:
+    from tenon.predict.static import FixedPredictor
+
+    base = FixedPredictor(50 * MIB, 100 * MIB)
+    online = OnlinePredictor(base, heavy_peak_bytes=1024 * MIB, name="online-fixed")
+    assert online.name == "online-fixed"
+    assert online.predict(ctx()).peak_bytes == 100 * MIB
+    assert not online.predict(ctx()).heavy_risk
+    online.observe(ctx(), MeasuredAction("test_runner", 400 * MIB, 1500 * MIB, 5.0))
+    raised = online.predict(ctx())
+    assert (raised.avg_bytes, raised.peak_bytes, raised.heavy_risk) == (400 * MIB, 1500 * MIB,
+                                                                         True)
+    flagged = OnlinePredictor(FixedPredictor(50 * MIB, 100 * MIB, heavy_risk=True))
+    assert flagged.predict(ctx()).heavy_risk  # the base's own risk flag is kept

@@ -178,3 +178,17 @@ def test_cli_import_agentcgroup_and_mini_swe_agent(tmp_path: Path) -> None:
                                        str(tmp_path / "ms.jsonl"), "--profile-from", str(out)])
     assert derived.exit_code == 0, derived.output
     assert (tmp_path / "ms.jsonl").stat().st_size > 0
+
+
+@pytest.mark.parametrize("predictor", ["static", "history", "forest", "online-forest"])
+def test_bench_runs_tenon_with_each_predictor(tmp_path: Path, predictor: str) -> None:
+    workflows = [make_workflow(f"w{i}", peak_mib=100 + 60 * i) for i in range(4)]
+    trace = write(tmp_path, workflows)
+    summary = asyncio.run(run_bench(config(tmp_path, trace, policies=["tenon"],
+                                           predictor=predictor)))
+    assert summary["meta"]["predictor"] == predictor
+    assert summary["policies"]["tenon"]["completed"] == 12
+    (start,) = [json.loads(line) for line in
+                (tmp_path / "run" / "tenon" / "events.jsonl").read_text().splitlines()
+                if '"runtime_start"' in line]
+    assert start["predictor"] == predictor

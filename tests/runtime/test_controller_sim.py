@@ -325,3 +325,25 @@ def test_a_held_grower_past_overdue_keeps_its_room_from_new_admissions(tmp_path:
         tmp_path, body, predictor=FixedPredictor(50 * MIB, 100 * MIB))
     assert result.outcome is Outcome.OK
     assert big_done < first_stream_done  # it ran while the light work was still flowing
+
+
+def test_the_predictor_sees_the_callers_workflow_name_and_the_history(tmp_path: Path) -> None:
+    seen: list[tuple[str, int]] = []
+
+    class Recording:
+        name = "recording"
+
+        def predict(self, context):
+            seen.append((context.workflow_id, len(context.history)))
+            return FixedPredictor(10 * MIB, 20 * MIB).predict(context)
+
+    async def body(rt, domain, backend, clock):
+        named = await rt.create_agent(image="sim", workflow="repo__task-1#2")
+        plain = await rt.create_agent(image="sim")
+        for _ in range(2):
+            await named.run(load(5, 10, 0.2), timeout=60)
+        await plain.run(load(5, 10, 0.2), timeout=60)
+        return plain.id
+
+    plain_id = run_with_runtime(tmp_path, body, predictor=Recording())
+    assert seen == [("repo__task-1#2", 0), ("repo__task-1#2", 1), (plain_id, 0)]

@@ -98,6 +98,11 @@ def bench_replay_cmd(
         "--set", help="Policy parameter key=value (repeatable).")] = None,
     sweep: Annotated[str | None, typer.Option(help="param=v1,v2,... (qps, red_fraction, "
                      "yellow_fraction, admission_window_bytes, lifecycle_limit)")] = None,
+    predictor: Annotated[str, typer.Option(help="Tenon's memory predictor: online (per-class "
+                         "figures raised by what each workflow and family measured), static, "
+                         "history or forest (cross-fitted: a workflow is predicted by a "
+                         "model that never saw it), or online-forest (the forest, raised "
+                         "online)")] = "online",
     out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
     json_path: JsonOut = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
@@ -118,6 +123,7 @@ def bench_replay_cmd(
             "backend": backend, "speed": speed,
             "window_s": parse_seconds(window, what="--window"), "num_workflows": workflows,
             "max_retries": retries, "policy_config": parse_settings(setting or []),
+            "predictor": predictor,
             "state_dir": state_dir, "out_dir": out_dir,
         }
         run_cli_bench(console=console, base=base, sweep=sweep, qps=qps, json_path=json_path)

@@ -14,17 +14,22 @@ import logging
 from collections import defaultdict
 
 from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext, MeasuredAction
-from tenon.predict.static import StaticPredictor
+from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 
 logger = logging.getLogger(__name__)
 
 
 class OnlinePredictor:
-    name = "online"
+    """`base` raised by what the run measured; `base` is the static predictor by default,
+    or any other (the bench's `online-forest` puts the cross-fitted forest under it)."""
 
-    def __init__(self, static: StaticPredictor) -> None:
-        self._static = static
+    def __init__(self, base: Predictor, *, heavy_peak_bytes: int | None = None,
+                 name: str = "online") -> None:
+        self._static = base
+        self.name = name
+        if heavy_peak_bytes is None:
+            heavy_peak_bytes = getattr(base, "heavy_peak_bytes", 1024 * 1024 * 1024)
+        self._heavy_peak_bytes = heavy_peak_bytes
         self._family_peak: dict[tuple[str, str], int] = {}
         self._family_avgs: dict[tuple[str, str], list[int]] = defaultdict(list)
 
@@ -43,7 +48,7 @@ class OnlinePredictor:
             avgs.append(sum(m.avg_bytes for m in own) // len(own))
         peak = max(peaks)
         avg = min(max(avgs), peak)
-        return Prediction(avg, peak, heavy_risk=peak > self._static.heavy_peak_bytes)
+        return Prediction(avg, peak, heavy_risk=base.heavy_risk or peak > self._heavy_peak_bytes)
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
         key = (context.family or "", measured.action_class)

@@ -26,6 +26,7 @@ from tenon.errors import ConfigError
 from tenon.policy.baselines import parse_policy
 from tenon.policy.config import PolicyConfig
 from tenon.predict.base import MeasuredAction, Predictor
+from tenon.predict.crossfit import crossfit_predictor
 from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.replay.driver import WorkflowRecord, replay
@@ -55,9 +56,12 @@ class BenchConfig(BaseModel):
     window_s: float = Field(default=10.0, gt=0, description="Burst length at `qps`.")
     num_workflows: int | None = Field(default=None, gt=0, description="Override the count.")
     max_retries: int = Field(default=5, ge=0, description="Re-runs of a failed attempt.")
-    predictor: Literal["static", "online"] = Field(
-        default="online", description="Tenon's predictor: per-class figures (static), "
-        "raised online by what each workflow and family measured (online).")
+    predictor: Literal["online", "static", "history", "forest", "online-forest"] = Field(
+        default="online", description="Tenon's predictor. online: the trace's per-class "
+        "figures raised by what each workflow and family measured during the run; static, "
+        "history, forest: `tenon predict`'s predictors, cross-fitted on the trace so that a "
+        "workflow is predicted by a model trained without it; online-forest: the cross-fitted "
+        "forest raised during the run the way online raises the per-class figures.")
     policy_config: dict[str, Any] = Field(default_factory=dict,
                                           description="PolicyConfig overrides.")
     state_dir: Path = Path("/var/lib/tenon")
@@ -166,10 +170,19 @@ async def run_bench(
     check_budget(trace, config.budget_bytes)
     submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
                                 speed=config.speed, num_workflows=config.num_workflows)
-    static = profiled_static_predictor(trace, PolicyConfig.model_validate(config.policy_config))
+    policy_config = PolicyConfig.model_validate(config.policy_config)
+    static = profiled_static_predictor(trace, policy_config)
+    heavy = policy_config.heavy_peak_bytes
+    kind = config.predictor.removeprefix("online-")
+    fitted: Predictor = static
+    if kind != "online":
+        fitted = crossfit_predictor(trace, kind=kind, heavy_peak_bytes=heavy)
 
     def new_predictor() -> Predictor:  # fresh per policy: nothing learnt carries over
-        return OnlinePredictor(static) if config.predictor == "online" else static
+        # (the cross-fitted ones learn nothing during a run: history comes with each context)
+        if config.predictor.startswith("online"):
+            return OnlinePredictor(fitted, heavy_peak_bytes=heavy, name=config.predictor)
+        return fitted
 
     summary: dict[str, Any] = {
         "budget_bytes": config.budget_bytes,

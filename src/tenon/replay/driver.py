@@ -118,7 +118,8 @@ async def _attempt(runtime: Runtime, sub: Submission, *, speed: float,
     workflow = sub.workflow
     agent = await runtime.create_agent(image=workflow.base_image, family=workflow.family,
                                        task_prompt=workflow.task_prompt,
-                                       profile_peak_bytes=workflow.profiled_peak_bytes)
+                                       profile_peak_bytes=workflow.profiled_peak_bytes,
+                                       workflow=sub.instance)
     try:
         for step in workflow.steps:
             await runtime.clock.sleep(step.model_wait_s / speed)

@@ -22,6 +22,8 @@ class AgentState:
     task_prompt: str | None
     profile_peak_bytes: int | None
     created_at: float
+    workflow: str | None = None
+    """The caller's name for the workflow this agent runs (predictors key on it)."""
     history: list[MeasuredAction] = field(default_factory=list)
     materialized: bool = False  # a first sandbox was made (there is a workspace and record)
     torn_down: bool = False  # the record is committed and no sandbox is live

@@ -213,9 +213,11 @@ class Runtime:
         family: str | None = None,
         task_prompt: str | None = None,
         profile_peak_bytes: int | None = None,
+        workflow: str | None = None,
     ) -> Agent:
         """A new logical agent (one workflow). Baselines that admit per workflow wait here;
-        the sandbox itself is materialized when the first action is admitted."""
+        the sandbox itself is materialized when the first action is admitted. `workflow`
+        names the workflow for the predictor (default: the agent id)."""
         if self._closed:
             raise AgentClosed("the runtime is closed")
         agent_id = agent_id or f"agent-{next(self._ids):05d}"
@@ -223,7 +225,7 @@ class Runtime:
             raise ConfigError(f"agent {agent_id!r} already exists")
         self.workflows.check(profile_peak_bytes)
         state = AgentState(agent_id, image, family, task_prompt, profile_peak_bytes,
-                           created_at=self.clock.now())
+                           created_at=self.clock.now(), workflow=workflow)
         if self.spec.kind is PolicyKind.AGENTCGROUP:
             if profile_peak_bytes is None:
                 raise ConfigError("the agentcgroup policy needs each workflow's profiled peak")
@@ -289,8 +291,9 @@ class Runtime:
         ready_at = self.clock.now()
         state.note_ready(ready_at)
         klass = action_class or classify_action("Bash", command)
-        context = ActionContext(state.agent_id, command, klass, len(state.history), state.family,
-                                state.task_prompt, tuple(state.history))
+        context = ActionContext(state.workflow or state.agent_id, command, klass,
+                                len(state.history), state.family, state.task_prompt,
+                                tuple(state.history))
         prediction = self.predictor.predict(context)
         action_id = f"{state.agent_id}-a{len(state.history) + 1:04d}"
         action = RunningAction(action_id, state.agent_id, prediction, 0, ready_at,
