@@ -1,6 +1,7 @@
 """The v2 path of the workload domain, against the scripted cgroup2 tree (host/fake.py)."""
 
 import signal
+import time
 
 import pytest
 
@@ -135,6 +136,23 @@ def test_a_freeze_that_never_settles_is_a_clear_error(tmp_path):
     tree.stall_freezer("tenon/a")
     with pytest.raises(HostError, match="did not reach frozen=True"):
         box.freeze(timeout_s=0.05)
+
+
+def test_held_time_counts_from_the_freeze_request_even_when_it_settles_late(tmp_path):
+    tree, domain = make_domain(tmp_path)
+    box = domain.sandbox("a")
+    tree.stall_freezer("tenon/a")
+    with pytest.raises(HostError):
+        box.freeze(timeout_s=0.05)  # requested; the kernel would finish it later
+    first = box.held_s()
+    assert first >= 0.05
+    time.sleep(0.05)
+    assert box.held_s() >= first + 0.05  # still held
+    tree.stall_freezer("tenon/a", stalled=False)
+    box.thaw(timeout_s=1.0)
+    after = box.held_s()
+    time.sleep(0.05)
+    assert box.held_s() == after  # the hold ended with the thaw
 
 
 def test_pids_limits_and_cpu_quota(tmp_path):

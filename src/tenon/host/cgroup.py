@@ -204,19 +204,23 @@ class SandboxCgroup:
         return GateResult(frozen, True, elapsed_s)
 
     def freeze(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
-        """Deny execution: the cgroup's processes stop (idempotent)."""
-        result = self._set_frozen(True, timeout_s)
+        """Deny execution: the cgroup's processes stop (idempotent).
+
+        The hold counts from the request, also when the transition has not settled within
+        `timeout_s` (HostError; the kernel finishes it): counting only settled freezes left
+        a Docker exec whose freeze was slow (runc mid-setup) charged for all its held time,
+        and it timed out while frozen (10 timeouts in one 8x Docker replay).
+        """
         if self._held_since is None:
             self._held_since = time.monotonic()
-        return result
+        return self._set_frozen(True, timeout_s)
 
     def thaw(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
-        """Allow execution again (idempotent)."""
-        result = self._set_frozen(False, timeout_s)
+        """Allow execution again (idempotent); the hold ends with the request."""
         if self._held_since is not None:
             self._held_total_s += time.monotonic() - self._held_since
             self._held_since = None
-        return result
+        return self._set_frozen(False, timeout_s)
 
     def held_s(self) -> float:
         """Seconds this cgroup has been held frozen through `freeze()`, in total so far.
