@@ -25,7 +25,7 @@ class OnlinePredictor:
 
     def __init__(self, base: Predictor, *, heavy_peak_bytes: int | None = None,
                  name: str = "online") -> None:
-        self._static = base
+        self._base = base
         self.name = name
         if heavy_peak_bytes is None:
             heavy_peak_bytes = getattr(base, "heavy_peak_bytes", 1024 * 1024 * 1024)
@@ -34,7 +34,7 @@ class OnlinePredictor:
         self._family_avgs: dict[tuple[str, str], list[int]] = defaultdict(list)
 
     def predict(self, context: ActionContext) -> Prediction:
-        base = self._static.predict(context)
+        base = self._base.predict(context)
         klass = context.action_class
         own = [m for m in context.history if m.action_class == klass]
         key = (context.family or "", klass)

@@ -54,6 +54,7 @@ class RunningAction:
     done: bool = False  # its exec returned: the gate no longer touches its sandbox
     launched: bool = False  # its exec began (before that it waits for the gate: pending)
     launch: asyncio.Future[None] | None = None  # resolved when the gate lets it start
+    held_since: float | None = None  # when `start_action` held it before its start
 
     @property
     def started(self) -> bool:
@@ -168,7 +169,7 @@ class ExecutionLoop:
             self._free_left -= max(demand, 0)
             return self._launch(action)
         action.allowed = False
-        action.extra["held_since"] = self._now()
+        action.held_since = self._now()
         action.launch = asyncio.get_running_loop().create_future()
         return False
 
@@ -178,7 +179,8 @@ class ExecutionLoop:
                                  self.growth_cap(action), self._config)
 
     def _ration_starts(self, now: float, started: list[RunningAction],
-                       decision: GateDecision, pressure: PressureState) -> set[str]:
+                       decision: GateDecision, pressure: PressureState,
+                       free_bytes: int) -> set[str]:
         """Held starts the gate allowed under green that do not fit the room left above the
         yellow line: they stay held this period, oldest first served.
 
@@ -192,13 +194,14 @@ class ExecutionLoop:
                          key=lambda a: (a.ready_at, a.action_id))
         if not pending:
             return set()
-        headroom_left = pressure.headroom_bytes - (self.free_bytes(pressure) - self._free_left)
+        headroom_left = pressure.headroom_bytes - (free_bytes - self._free_left)
         idle_domain = not self._num_launched
         denied_since = self.gate.denied_since
         kept: set[str] = set()
         for action in pending:
             demand = self.start_demand_bytes(action)
-            since = denied_since.get(action.gate_id, action.extra.get("held_since", now))
+            held_since = now if action.held_since is None else action.held_since
+            since = denied_since.get(action.gate_id, held_since)
             overdue = now - since >= self._config.overdue_after_s
             if demand <= self._free_left or (overdue and demand <= headroom_left) or idle_domain:
                 self._free_left -= max(demand, 0)
@@ -301,7 +304,7 @@ class ExecutionLoop:
             for a in started
             if a.gate_id in decision.allowed and a.gate_id in estimates
             and not (a.pending and rationed))
-        kept = self._ration_starts(now, started, decision, pressure)
+        kept = self._ration_starts(now, started, decision, pressure, free)
         changes = [
             (a, a.gate_id in decision.allowed)
             for a in started
