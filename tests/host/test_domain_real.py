@@ -161,6 +161,27 @@ time.sleep(5)
 """
 
 
+def test_reset_peak_restarts_the_high_water_mark_on_v1(domain):
+    domain.set_budget(None)
+    box = domain.sandbox("peaky")
+    proc = start_in(box, "import time\nb = bytearray(48 * 1024 * 1024)\n"
+                         "for i in range(0, len(b), 4096): b[i] = 1\n"
+                         "del b\nprint('freed', flush=True)\ntime.sleep(30)")
+    try:
+        assert proc.stdout.readline().strip() == b"freed"
+        before = box.reading()
+        assert before.peak_bytes - before.usage_bytes > 40 * MIB
+        if domain.version is CgroupVersion.V2:
+            assert box.reset_peak() is False  # memory.peak resets only per open fd
+            return
+        assert box.reset_peak() is True
+        after = box.reading()
+        assert after.peak_bytes - after.usage_bytes < 4 * MIB
+    finally:
+        box.kill_all()
+        proc.communicate()
+
+
 def test_pids_limit_is_enforced(domain):
     box = domain.sandbox("forker")
     box.set_max_pids(20)

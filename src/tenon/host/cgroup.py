@@ -131,6 +131,26 @@ class SandboxCgroup:
         limit = None if limit_text == "max" else int(limit_text)
         return MemoryReading(usage, peak, limit, cpu_s, ooms)
 
+    def reset_peak(self) -> bool:
+        """Restart the high-water mark at the current usage, so the next reading's peak is
+        this action's own. True if it was reset: v1 resets on a write of 0; v2's memory.peak
+        resets only for the file descriptor that wrote it, which a later reading does not
+        share, so v2 (and a v1 cgroup already gone) returns False and the caller keeps the
+        mark it had."""
+        if not self._v1:
+            return False
+        mem = self._dir("memory")
+        reset = False
+        for name in ("memory.max_usage_in_bytes", "memory.memsw.max_usage_in_bytes"):
+            path = mem / name
+            if path.exists():
+                try:
+                    self.layout.io.write(path, "0")
+                    reset = True
+                except OSError as exc:
+                    logger.debug("cannot reset %s: %s", path, exc)
+        return reset
+
     def sample(self) -> tuple[int, float]:
         """(usage_bytes, cpu_usage_s): the two figures the execution loop needs each period.
 

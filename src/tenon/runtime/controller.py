@@ -343,6 +343,8 @@ class Runtime:
                 raise AgentClosed(f"agent {state.agent_id}: the runtime closed")
         start = self.clock.now()
         meter.new_oom_kills()  # the baseline: only kills during this action count
+        # a mark left by an earlier, larger action would hide this one's peak between samples
+        await self._blocking(meter.reset_peak)
         first = meter.reading()
         action.stats = ActionStats(start, first.usage_bytes, first.peak_bytes)
         await self._apply_agentcgroup_mark(state, meter)

@@ -58,6 +58,10 @@ class SandboxMeter(Protocol):
         """OOM kills in this cgroup since the previous call."""
         ...
 
+    def reset_peak(self) -> bool:
+        """Restart the peak at the current usage; False where the cgroup cannot."""
+        ...
+
     def is_frozen(self) -> bool: ...
 
     def freeze(self, timeout_s: float = ...) -> GateResult:

@@ -185,6 +185,10 @@ class SimCgroup:
     def sample(self) -> tuple[int, float]:
         return self.usage_bytes, self.cpu_usage_s
 
+    def reset_peak(self) -> bool:
+        self.peak_bytes = self.usage_bytes
+        return True
+
     def new_oom_kills(self) -> int:
         fresh, self._seen_oom_kills = self._oom_kills - self._seen_oom_kills, self._oom_kills
         return fresh
