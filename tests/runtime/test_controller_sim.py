@@ -347,3 +347,24 @@ def test_the_predictor_sees_the_callers_workflow_name_and_the_history(tmp_path: 
 
     plain_id = run_with_runtime(tmp_path, body, predictor=Recording())
     assert seen == [("repo__task-1#2", 0), ("repo__task-1#2", 1), (plain_id, 0)]
+
+
+def test_work_queued_behind_a_full_window_does_not_tear_down_idle_sandboxes(
+    tmp_path: Path,
+) -> None:
+    """Admission's logical window is full of charges (predicted peaks) while the host has
+    room: a teardown would free memory no queued action may take, and cost a rebuild."""
+    async def body(rt, domain, backend, clock):
+        idle = await rt.create_agent(image="sim")
+        await idle.run(load(100, 100, 0.5, 100), timeout=60)  # 100 MiB stays resident
+        busy = [await rt.create_agent(image="sim") for _ in range(8)]
+        # the first five fill the 1 GiB window with 200 MiB charges and use 10 MiB each;
+        # the other three queue behind the window
+        await asyncio.gather(*(a.run(load(10, 10, 4.0), timeout=60) for a in busy))
+        return rt.events.of_kind("teardown"), rt.events.of_kind("admit")
+
+    teardowns, admits = run_with_runtime(tmp_path, body,
+                                         predictor=FixedPredictor(200 * MIB, 200 * MIB))
+    assert any(e["pressure"] == "yellow" for e in admits)  # the window made it yellow
+    assert len(admits) == 9
+    assert teardowns == []

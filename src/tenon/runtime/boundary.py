@@ -192,7 +192,7 @@ class Boundary:
 
         The deficit is physical: H against the line plus the predicted demand of actions
         held before their start, the demand of growers held past overdue, and the predicted
-        averages of actions waiting for admission.
+        averages of actions waiting for admission, up to the room the logical window has.
         Idle memory is given back for work that is ready, not for growth nobody asked for:
         that would only trade memory for rebuilds.
         """
@@ -207,8 +207,13 @@ class Boundary:
         if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
             waiting += rt.execution.starving_demand_bytes(rt.actions.values(), now)
         if rt.admission is not None:
-            waiting += sum(r.prediction.avg_bytes for r in rt.admission.queued
-                           if r.ready_at <= now)
+            # Only as much queued work as the logical window lets in can use freed memory:
+            # behind a full window a teardown frees room nobody may take, and costs a
+            # rebuild later (on a 2-core host, that churn was a third of the CPU).
+            queued = sum(r.prediction.avg_bytes for r in rt.admission.queued
+                         if r.ready_at <= now)
+            room = rt.admission.window_bytes - rt.admission.admitted_total_bytes
+            waiting += min(queued, max(room, 0))
         needed = int(green_line + waiting - pressure.headroom_bytes) + 1
         if needed <= 0:
             return
