@@ -15,7 +15,7 @@ from tenon.policy import (
     parse_policy,
     residency_decision,
 )
-from tenon.policy.admission import AdmissionController
+from tenon.policy.admission import AdmissionController, Prediction, past_peak_charge
 from tenon.policy.bench import bench_gate
 
 from .factories import MIB, make_config, make_idle, make_request, make_sample
@@ -79,9 +79,17 @@ def test_ewma_ignores_invalid_intervals() -> None:
     gate.observe([make_sample("s", 0.1, 110 * MIB, 0.0, True)])  # no CPU gained
     gate.observe([make_sample("s", 0.2, 120 * MIB, 0.1, False)])  # permission change
     assert gate.estimates["s"].rate_bytes_per_s is None
-    gate.observe([make_sample("s", 0.3, 121 * MIB, 0.2, False)])  # valid: 10 MiB/s
+    gate.observe([make_sample("s", 0.3, 120 * MIB, 0.2, False)])  # held throughout
+    assert gate.estimates["s"].rate_bytes_per_s is None
+    gate.observe([make_sample("s", 0.4, 120 * MIB, 0.3, True)])  # permission change
+    gate.observe([make_sample("s", 0.5, 121 * MIB, 0.4, True)])  # valid: 10 MiB/s
     assert gate.estimates["s"].rate_bytes_per_s == pytest.approx(10 * MIB)
-    gate.observe([make_sample("s", 0.4, 131 * MIB, 0.3, False)])  # valid: 100 MiB/s
+    gate.observe([make_sample("s", 0.6, 131 * MIB, 0.5, True)])  # valid: 100 MiB/s
+    assert gate.estimates["s"].rate_bytes_per_s == pytest.approx(0.35 * 100 * MIB + 0.65 * 10 * MIB)
+    # an unsettled freeze: CPU time still rises while held, memory flat; not "no growth"
+    gate.observe([make_sample("s", 0.7, 131 * MIB, 0.6, False)])
+    for k in range(8, 30):
+        gate.observe([make_sample("s", k / 10, 131 * MIB, k / 10, False)])
     assert gate.estimates["s"].rate_bytes_per_s == pytest.approx(0.35 * 100 * MIB + 0.65 * 10 * MIB)
 
 
@@ -152,3 +160,32 @@ def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:
     ctl.submit(make_request("late", "w-a", 100 * MIB, 100 * MIB, ready_at=2.0))
     ctl.submit(make_request("early", "w-b", 100 * MIB, 100 * MIB, ready_at=1.0))
     assert [d.action_id for d in ctl.decide(now=3.0, headroom_bytes=1 << 40)] == ["early"]
+
+
+def test_a_charge_shrinks_once_the_action_has_passed_its_peak() -> None:
+    config = make_config()
+    predicted = Prediction(200 * MIB, 1600 * MIB)
+
+    def passed(peak: int, usage: int, **kw: object) -> int | None:
+        cfg = make_config(**kw) if kw else config
+        return past_peak_charge(1000 * MIB, predicted, start_bytes=20 * MIB, peak_bytes=peak,
+                                usage_bytes=usage, config=cfg)
+
+    # rose to 1.5 GiB and fell back to 30 MiB: it holds its predicted average from now on
+    assert passed(1500 * MIB, 30 * MIB) == 200 * MIB
+    # fell back, but above the average: it keeps what it holds
+    assert passed(1500 * MIB, 700 * MIB) == 700 * MIB
+    assert passed(1500 * MIB, 800 * MIB) is None  # still above half its peak
+    assert passed(700 * MIB, 30 * MIB) is None  # never came near its predicted peak
+    assert passed(20 * MIB, 20 * MIB) is None  # never grew
+    assert passed(1500 * MIB, 30 * MIB, peak_release_fraction=0.0) is None  # turned off
+
+    ctl = AdmissionController(config, window_bytes=1200 * MIB)
+    ctl.submit(make_request("heavy", "w-h", 1000 * MIB, 1000 * MIB))
+    ctl.submit(make_request("light", "w-l", 300 * MIB, 300 * MIB, ready_at=0.1))
+    first = ctl.decide(now=1.0, headroom_bytes=1 << 40)
+    assert [d.action_id for d in first] == ["heavy"]  # the light one does not fit beside it
+    assert ctl.shrink("heavy", 200 * MIB) == first[0].charge_bytes - 200 * MIB
+    assert ctl.shrink("heavy", 900 * MIB) == 0  # a charge never grows back
+    assert [d.action_id for d in ctl.decide(now=1.0, headroom_bytes=1 << 40)] == ["light"]
+    assert ctl.release("heavy") == 200 * MIB

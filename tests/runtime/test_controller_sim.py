@@ -13,6 +13,7 @@ import pytest
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
 from tenon.host.types import CgroupVersion
+from tenon.policy.admission import Prediction
 from tenon.policy.config import PolicyConfig
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
@@ -363,8 +364,72 @@ def test_work_queued_behind_a_full_window_does_not_tear_down_idle_sandboxes(
         await asyncio.gather(*(a.run(load(10, 10, 4.0), timeout=60) for a in busy))
         return rt.events.of_kind("teardown"), rt.events.of_kind("admit")
 
-    teardowns, admits = run_with_runtime(tmp_path, body,
+    # without the gate no start is held (held starts may reclaim under any pressure)
+    teardowns, admits = run_with_runtime(tmp_path, body, policy="tenon-no-gate",
                                          predictor=FixedPredictor(200 * MIB, 200 * MIB))
     assert any(e["pressure"] == "yellow" for e in admits)  # the window made it yellow
     assert len(admits) == 9
     assert teardowns == []
+
+
+class _ByPeak:
+    """Predicts a simulated load exactly: its average and peak, read off the command."""
+
+    name = "by-peak"
+
+    def predict(self, context: Any) -> Prediction:
+        avg, peak = (int(x) for x in context.command.split()[1:3])
+        return Prediction(avg, peak)
+
+
+def test_a_start_held_for_room_in_a_green_domain_gets_idle_memory_reclaimed(
+    tmp_path: Path,
+) -> None:
+    """Green promises no room above the yellow line: an admitted start that needs more than
+    the domain can give gets idle sandboxes torn down for it once it is overdue, instead
+    of waiting for the domain to drain (its charge meanwhile blocks admission)."""
+    async def body(rt, domain, backend, clock):
+        idle = [await rt.create_agent(image="sim") for _ in range(3)]
+        for agent in idle:  # 900 MiB left resident by idle, restartable sandboxes
+            await agent.run(load(300, 300, 0.5, 300), timeout=60)
+        runner = await rt.create_agent(image="sim")
+        running = asyncio.ensure_future(runner.run(load(10, 10, 10.0), timeout=60))
+        await clock.sleep(0.5)
+        big = await rt.create_agent(image="sim")
+        result = await big.run(load(250, 800, 1.0), timeout=60)
+        await running
+        return result, rt.events.of_kind("start_held"), rt.events.of_kind("teardown")
+
+    # 2 GiB: H is 882 MiB with the idle ones, short of the big start's 1,016 MiB demand
+    result, held, teardowns = run_with_runtime(
+        tmp_path, body, budget_bytes=2 * GIB, predictor=_ByPeak())
+    assert result.outcome is Outcome.OK
+    assert held  # it did not fit above the yellow line at first
+    assert any("held starts" in t["why"] for t in teardowns)
+    assert result.queued_s < 6.0  # after the 3 s overdue, not after the runner's 10 s
+
+
+def test_an_action_past_its_peak_gives_its_charge_back_to_admission(tmp_path: Path) -> None:
+    """A test run that spikes and then idles for most of its duration: once it has passed
+    its peak its charge shrinks, and a queued action runs beside it instead of after it."""
+    async def body(rt, domain, backend, clock):
+        filler, heavy, light = [await rt.create_agent(image="sim") for _ in range(3)]
+        filling = asyncio.ensure_future(filler.run(load(500, 500, 8.0), timeout=60))
+        await clock.sleep(0.1)
+        first = asyncio.ensure_future(heavy.run(load(100, 800, 10.0), timeout=60))
+        await clock.sleep(0.1)
+        second = await light.run(load(500, 500, 0.5), timeout=60)
+        light_done = clock.now()
+        await filling
+        return await first, second, light_done, rt.events.of_kind("peak_passed")
+
+    # a 1.2 GiB window: filler 500 MiB + heavy ~385 MiB (water level) leave no room for
+    # the light one's 500 MiB until the heavy one falls back to its 100 MiB average
+    config = PolicyConfig(admission_window_bytes=1229 * MIB)
+    heavy, light, light_done, passed = run_with_runtime(
+        tmp_path, body, budget_bytes=4 * GIB, predictor=_ByPeak(), config=config)
+    assert heavy.outcome is Outcome.OK
+    assert light.outcome is Outcome.OK
+    assert [e["action_id"] for e in passed] == [heavy.action_id]
+    assert passed[0]["charge_bytes"] == 100 * MIB  # what it holds, at least its average
+    assert light_done < 6.0  # beside the heavy one, not after the 8 s filler

@@ -1,8 +1,9 @@
 """Water-level admission of actions against a logical window and physical headroom.
 
 Each admitted action holds a logical charge `(1-a)*avg + a*peak` with
-`a = clamp(admitted_total / window, 0, 1)`, fixed at admission and released
-exactly once at completion. Light and heavy actions queue separately but share
+`a = clamp(admitted_total / window, 0, 1)`, set at admission and released
+exactly once at completion; it only ever shrinks in between, when the action has passed
+its peak (`past_peak_charge`). Light and heavy actions queue separately but share
 the window, each served oldest workflow first. The oldest ready heavy action accrues
 protected credit at `heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
 credit, so once it covers the heavy action's charge, light admissions stop
@@ -62,6 +63,26 @@ def water_level_charge(prediction: Prediction, admitted_total_bytes: int, window
     avg = max(prediction.avg_bytes, 0)
     peak = max(prediction.peak_bytes, avg)
     return int(round((1.0 - a) * avg + a * peak))
+
+
+def past_peak_charge(charge_bytes: int, prediction: Prediction, *, start_bytes: int,
+                     peak_bytes: int, usage_bytes: int, config: PolicyConfig) -> int | None:
+    """The charge of a running action that has passed its peak, or None if it has not.
+
+    Passed: its sandbox rose to at least `f` of the predicted peak and has since fallen to
+    at most `f` of the peak it reached (f = `peak_release_fraction`). A test run that
+    spikes to 1.6 GiB in its first seconds and then idles for ten would otherwise hold a
+    gigabyte of the window it no longer uses, and light work queues behind it. The new
+    charge is what the sandbox holds, at least the predicted average. If it grows again,
+    the execution gate holds it when there is no room, as for any misprediction.
+    """
+    f = config.peak_release_fraction
+    if f <= 0 or peak_bytes <= start_bytes:
+        return None
+    if peak_bytes < f * prediction.peak_bytes or usage_bytes > f * peak_bytes:
+        return None
+    charge = max(usage_bytes, prediction.avg_bytes)
+    return charge if charge < charge_bytes else None
 
 
 def is_heavy(prediction: Prediction, config: PolicyConfig) -> bool:
@@ -136,6 +157,16 @@ class AdmissionController:
             raise ChargeNotHeld(f"action {action_id!r} holds no charge (released twice?)")
         self._admitted_total_bytes -= charge
         return charge
+
+    def shrink(self, action_id: str, charge_bytes: int) -> int:
+        """Lower an admitted action's charge (never raise it); returns the bytes freed."""
+        held = self._charges.get(action_id)
+        if held is None:
+            raise ChargeNotHeld(f"action {action_id!r} holds no charge")
+        freed = max(held - max(charge_bytes, 0), 0)
+        self._charges[action_id] = held - freed
+        self._admitted_total_bytes -= freed
+        return freed
 
     def heavy_credit_bytes(self, now: float) -> float:
         """Protected credit of the oldest ready heavy action (0 if there is none)."""

@@ -109,6 +109,17 @@ class PolicyConfig(BaseModel):
             "measured projection alone counts."
         ),
     )
+    peak_release_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "A running action has passed its peak once its usage rose to at least this "
+            "fraction of its predicted peak and then fell to at most this fraction of the "
+            "peak it reached; its charge then drops to what it holds (at least its predicted "
+            "average), and its predicted growth to that charge. 0 turns the release off."
+        ),
+    )
     lifecycle_limit: int = Field(
         default=2, ge=1, description="At most this many teardowns/rebuilds in flight at once."
     )

@@ -3,8 +3,12 @@
 The estimator only folds samples it is given; it never reads a clock. Each
 sandbox's growth rate is an EWMA over *valid* intervals only. An interval is
 invalid when the gate changed the sandbox's permission during it (a frozen
-sandbox does not grow, a thawed one catches up) or when the sandbox gained no
-CPU time (it was not running, so its flat memory says nothing about its growth).
+sandbox does not grow, a thawed one catches up), when the sandbox was held
+throughout (a v1 freeze that has not settled still gains CPU time, and its flat
+memory then read as "no growth": a mispredicted 1.6 GiB test run held for 40 s
+was let go under red as "no projected growth" and OOM-killed), or when the
+sandbox gained no CPU time (it was not running, so its flat memory says nothing
+about its growth).
 """
 
 from __future__ import annotations
@@ -105,7 +109,8 @@ class GrowthEstimator:
             valid = (
                 prev is not None
                 and cur.now > prev.now
-                and prev.allowed == cur.allowed
+                and prev.allowed
+                and cur.allowed
                 and cur.cpu_usage_s > prev.cpu_usage_s
             )
             if not valid or prev is None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tenon.errors import RecoveryError
-from tenon.policy.admission import ActionRequest, AdmitDecision
+from tenon.policy.admission import ActionRequest, AdmitDecision, past_peak_charge
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.policy.residency import (
     IdleSandbox,
@@ -97,6 +97,27 @@ class Boundary:
                            reason=decision.reason,
                            admitted_total_bytes=rt.admission.admitted_total_bytes,
                            headroom_bytes=headroom, pressure=pressure.level.name.lower())
+
+    def release_passed_peaks(self) -> None:
+        """Shrink the charge of every running action that has passed its peak."""
+        rt = self._rt
+        if rt.admission is None:
+            return
+        for action in rt.actions.values():
+            stats = action.stats
+            if action.peak_passed or stats is None or not action.launched or action.done:
+                continue
+            charge = past_peak_charge(action.charge_bytes, action.prediction,
+                                      start_bytes=stats.start_bytes, peak_bytes=stats.peak_bytes,
+                                      usage_bytes=action.last_usage_bytes, config=rt.config)
+            if charge is None:
+                continue
+            freed = rt.admission.shrink(action.action_id, charge)
+            action.charge_bytes, action.peak_passed = charge, True
+            rt.events.emit("peak_passed", action_id=action.action_id, agent_id=action.agent_id,
+                           peak_bytes=stats.peak_bytes, usage_bytes=action.last_usage_bytes,
+                           charge_bytes=charge, freed_bytes=freed,
+                           admitted_total_bytes=rt.admission.admitted_total_bytes)
 
     def reclaimable_bytes(self) -> int:
         """Memory that can come back without a held grower running: what idle restartable
@@ -187,26 +208,40 @@ class Boundary:
             self.reclaim(pressure)
 
     def reclaim(self, pressure: PressureState) -> None:
-        """Under yellow or red, tear down restartable idle sandboxes, largest first, until
-        the physical headroom covers the yellow line plus what waiting work needs.
+        """Under yellow or red, or under green while starts are held past overdue, tear down
+        restartable idle sandboxes, largest first, until the physical headroom covers the
+        yellow line plus what waiting work needs.
 
-        The deficit is physical: H against the line plus the predicted demand of actions
-        held before their start, the demand of growers held past overdue, and the predicted
+        The deficit is physical: H against the line plus the gate's demand of actions held
+        before their start, the demand of growers held past overdue, and the predicted
         averages of actions waiting for admission, up to the room the logical window has.
         Idle memory is given back for work that is ready, not for growth nobody asked for:
         that would only trade memory for rebuilds.
         """
         rt = self._rt
-        if pressure.level is Pressure.GREEN or rt.lifecycle.slots.num_free == 0:
+        if rt.lifecycle.slots.num_free == 0:
             return
+        now = rt.clock.now()
+        held = [a for a in rt.actions.values() if a.pending]
+        level = pressure.level
+        if level is Pressure.GREEN:
+            # Green promises no room above the yellow line: an admitted 1.6 GiB start sat
+            # held for 100 s in a green domain half full of idle sandboxes, its charge
+            # blocking admission, and nothing was reclaimed for it. Starts held past
+            # overdue get room; the brief holds of start rationing do not (reclaiming for
+            # those doubled the teardowns of the 8x replay).
+            overdue = rt.config.overdue_after_s
+            held = [a for a in held if a.held_since is not None
+                    and now - a.held_since >= overdue]
+            if not held:
+                return
+            level = Pressure.YELLOW
         budget = rt.domain.budget_bytes or 0
         green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
-        waiting = sum(max(a.prediction.peak_bytes - a.last_usage_bytes, 0)
-                      for a in rt.actions.values() if a.pending)
-        now = rt.clock.now()
+        waiting = sum(rt.execution.start_demand_bytes(a) for a in held)
         if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
             waiting += rt.execution.starving_demand_bytes(rt.actions.values(), now)
-        if rt.admission is not None:
+        if rt.admission is not None and pressure.level is not Pressure.GREEN:
             # Only as much queued work as the logical window lets in can use freed memory:
             # behind a full window a teardown frees room nobody may take, and costs a
             # rebuild later (on a 2-core host, that churn was a third of the CPU).
@@ -219,11 +254,10 @@ class Boundary:
             return
         idle = [IdleSandbox(s.agent_id, s.idle_bytes, True) for s in rt.agents.values()
                 if s.idle and s.restartable]
-        chosen = choose_reclaim(idle, pressure.level, needed,
-                                max_count=rt.lifecycle.slots.num_free)
+        chosen = choose_reclaim(idle, level, needed, max_count=rt.lifecycle.slots.num_free)
+        why = pressure.level.name.lower() + (": held starts" if level != pressure.level else "")
         for agent_id in chosen:
-            self._start_teardown(rt.agents[agent_id],
-                                 why=f"{pressure.level.name.lower()}: reclaim for {needed} B")
+            self._start_teardown(rt.agents[agent_id], why=f"{why}: reclaim for {needed} B")
 
     def _start_teardown(self, state: AgentState, *, why: str) -> None:
         if not self._rt.lifecycle.try_acquire():

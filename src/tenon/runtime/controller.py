@@ -438,6 +438,7 @@ class Runtime:
                 self.events.emit("window", window_bytes=window, budget_bytes=budget)
         pressure = await self.execution.tick(
             now, list(self.actions.values()), reclaimable_bytes=self.boundary.reclaimable_bytes())
+        self.boundary.release_passed_peaks()
         if self.spec.use_residency:
             self.boundary.reclaim(pressure)
             self.boundary.predictive_rebuilds(pressure, now)

@@ -55,6 +55,14 @@ class RunningAction:
     launched: bool = False  # its exec began (before that it waits for the gate: pending)
     launch: asyncio.Future[None] | None = None  # resolved when the gate lets it start
     held_since: float | None = None  # when `start_action` held it before its start
+    peak_passed: bool = False  # its charge shrank to what it holds (`past_peak_charge`)
+
+    @property
+    def growth_peak_bytes(self) -> int:
+        """The level it is expected to grow to: its charge once past its peak."""
+        if self.peak_passed:
+            return min(self.charge_bytes, self.prediction.peak_bytes)
+        return self.prediction.peak_bytes
 
     @property
     def started(self) -> bool:
@@ -68,13 +76,14 @@ class RunningAction:
 
 
 def predicted_growth_bytes(actions: Iterable[RunningAction]) -> int:
-    """Predicted remaining growth of admitted actions: peak less what each sandbox holds.
+    """Predicted remaining growth of admitted actions: peak (the charge, once past it) less
+    what each sandbox holds.
 
     Actions held before their start are left out: they cannot grow until the gate lets
     them start, and it checks their demand when it does. Counting them made the pressure
     that held them (a self-inflicted yellow).
     """
-    return sum(max(a.prediction.peak_bytes - a.last_usage_bytes, 0)
+    return sum(max(a.growth_peak_bytes - a.last_usage_bytes, 0)
                for a in actions if not a.pending)
 
 

@@ -64,6 +64,7 @@ class ActionStats:
         self._last_usage = usage_bytes
         self._area = 0.0
         self._span = 0.0
+        self.start_bytes = usage_bytes
         self.peak_bytes = usage_bytes
         self._start_cgroup_peak = cgroup_peak_bytes
 
