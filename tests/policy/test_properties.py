@@ -47,10 +47,20 @@ def test_gate_invariants(items, level, headroom, b, denied_since, free, caps) ->
                     growth_caps=caps, free_bytes=free)
     assert d.allowed | d.denied == frozenset(ests)
     assert not d.allowed & d.denied
-    if level is Pressure.GREEN:
-        assert d.allowed == frozenset(ests)
-        return
     demand = {s: gate_demand_bytes(ests[s], caps.get(s), CONFIG) for s in ests}
+    if level is Pressure.GREEN:
+        # Green holds only sandboxes already held that outgrew their prediction (a measured
+        # rate, cap <= 0) and whose demand exceeds H.
+        for s in d.denied:
+            assert s in denied_since and caps.get(s, 1) <= 0
+            assert ests[s].rate_bytes_per_s is not None and demand[s] > headroom
+        for s in d.allowed:
+            outgrown = s in caps and caps[s] <= 0 and ests[s].rate_bytes_per_s is not None
+            if s in denied_since and outgrown and demand[s] > headroom:
+                # Released only by liveness: alone among growers, overdue, no room to make.
+                assert not [o for o in d.allowed if o != s and demand[o] > 0]
+                assert now - denied_since[s] >= CONFIG.overdue_after_s
+        return
     positive = [s for s in d.allowed if demand[s] > 0]
     probes = [s for s in positive if "probe" in d.reasons[s] and "fits" not in d.reasons[s]]
     if probes:

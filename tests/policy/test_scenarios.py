@@ -189,3 +189,32 @@ def test_a_charge_shrinks_once_the_action_has_passed_its_peak() -> None:
     assert ctl.shrink("heavy", 900 * MIB) == 0  # a charge never grows back
     assert [d.action_id for d in ctl.decide(now=1.0, headroom_bytes=1 << 40)] == ["light"]
     assert ctl.release("heavy") == 200 * MIB
+
+
+def test_green_keeps_a_held_grower_that_outgrew_its_prediction_while_it_does_not_fit() -> None:
+    from tenon.policy import decide_gate
+
+    from .factories import make_estimate
+
+    config = PolicyConfig()
+    ests = {"big": make_estimate("big", 800 * MIB, 9.9, False),  # measured: 800 MiB over 1 s
+            "light": make_estimate("light", 32 * MIB, 9.9, False)}
+    caps = {"big": -10 * MIB, "light": 100 * MIB}  # big is past its predicted peak
+
+    def decide(headroom, *, since=9.0, reclaimable=0, ids=("big", "light")):
+        return decide_gate({s: ests[s] for s in ids}, Pressure.GREEN, headroom, 10.0, config,
+                           budget_b=1, denied_since={s: since for s in ids},
+                           growth_caps=caps, reclaimable_bytes=reclaimable)
+
+    d = decide(400 * MIB)
+    assert d.denied == {"big"} and d.allowed == {"light"}
+    assert "outgrew its prediction" in d.reasons["big"]
+    assert decide(900 * MIB).allowed == {"big", "light"}  # its demand fits H
+    # Green never freezes a running sandbox: only one already held is kept.
+    running = decide_gate(ests, Pressure.GREEN, 400 * MIB, 10.0, config, budget_b=1,
+                          denied_since={}, growth_caps=caps)
+    assert running.allowed == {"big", "light"}
+    # Liveness: alone, overdue, and no idle memory to reclaim: waiting cannot help.
+    assert decide(400 * MIB, since=9.0, ids=("big",)).denied == {"big"}  # not yet overdue
+    assert decide(400 * MIB, since=5.0, ids=("big",)).allowed == {"big"}
+    assert decide(400 * MIB, since=5.0, reclaimable=1024 * MIB, ids=("big",)).denied == {"big"}

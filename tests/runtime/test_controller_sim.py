@@ -433,3 +433,27 @@ def test_an_action_past_its_peak_gives_its_charge_back_to_admission(tmp_path: Pa
     assert [e["action_id"] for e in passed] == [heavy.action_id]
     assert passed[0]["charge_bytes"] == 100 * MIB  # what it holds, at least its average
     assert light_done < 6.0  # beside the heavy one, not after the 8 s filler
+
+
+def test_cancelling_a_running_action_and_its_waiter_together_returns_every_charge(
+        tmp_path: Path) -> None:
+    """Shutdown cancels every task at once: the running action's release admits a waiter
+    whose own cancellation has not been handled yet. That used to raise InvalidStateError
+    (a result set on a cancelled future) in the middle of the shutdown."""
+    config = PolicyConfig(admission_window_bytes=150 * MIB)  # room for one 100 MiB charge
+
+    async def body(rt, domain, backend, clock):
+        a, b = await rt.create_agent(image="sim"), await rt.create_agent(image="sim")
+        running = asyncio.ensure_future(a.run(load(100, 150, 30.0), timeout=60))
+        await clock.sleep(1.0)
+        waiting = asyncio.ensure_future(b.run(load(100, 150, 30.0), timeout=60))
+        await clock.sleep(1.0)
+        assert rt.admission is not None and len(rt.admission.queued) == 1
+        running.cancel()
+        waiting.cancel()
+        outcomes = await asyncio.gather(running, waiting, return_exceptions=True)
+        return outcomes, rt.admission.admitted_total_bytes, dict(rt.admission.charges)
+
+    outcomes, admitted_total, charges = run_with_runtime(tmp_path, body, config=config)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert admitted_total == 0 and not charges

@@ -5,7 +5,8 @@ pressure, headroom, now, config). `GateController` is the thin stateful shell
 that folds samples, steps the AIMD budget and remembers denial times.
 
 Invariants (property-tested):
-- green allows every sandbox;
+- green allows every sandbox, except one already held that outgrew its prediction and
+  whose measured demand exceeds H (until waiting cannot help: see below);
 - the allowed positive demands sum to at most H; under yellow, beyond those that fit
   in the headroom above the yellow line, at most b more; under red at most one;
 - liveness: when no positive-demand sandbox fits H and no other sandbox runs, exactly one
@@ -126,13 +127,18 @@ def decide_gate(
     without any grower running (idle sandboxes that are being or can be torn down).
     """
     if level is Pressure.GREEN:
+        kept = _outgrown_kept_under_green(
+            estimates, headroom_bytes, now, config, denied_since=denied_since,
+            growth_caps=growth_caps or {}, reclaimable_bytes=reclaimable_bytes)
+        reasons = dict.fromkeys(estimates, "green: all allowed")
+        reasons.update(kept)
         return GateDecision(
-            frozenset(estimates),
-            frozenset(),
+            frozenset(estimates) - frozenset(kept),
+            frozenset(kept),
             budget_b,
             level,
             headroom_bytes,
-            dict.fromkeys(estimates, "green: all allowed"),
+            reasons,
         )
     slots = budget_b if level is Pressure.YELLOW else 1
     free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
@@ -212,6 +218,49 @@ def decide_gate(
     return GateDecision(
         frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons
     )
+
+
+def _outgrown_kept_under_green(
+    estimates: Mapping[str, GrowthEstimate],
+    headroom_bytes: int,
+    now: float,
+    config: PolicyConfig,
+    *,
+    denied_since: Mapping[str, float],
+    growth_caps: Mapping[str, int],
+    reclaimable_bytes: int,
+) -> dict[str, str]:
+    """Held sandboxes that stay held under green, with the reason: those that outgrew their
+    prediction and whose measured demand exceeds H.
+
+    Green is computed from predictions, and an action that outgrew its own says nothing
+    more to the pressure level: the domain can look green while a frozen 1.6 GiB grower
+    (predicted 134 MiB) waits, and releasing it with everything else let it take the
+    room and an OOM kill followed. Only a sandbox already held is kept (green never
+    freezes a running one), and only while its demand does not fit H.
+
+    Liveness: when nothing else runs and grows (a held start waits for room too, so it
+    does not count: counting it deadlocked the two), it has waited `overdue_after_s` and even tearing
+    down every idle sandbox would not make room, waiting cannot help: the smallest goes.
+    """
+    kept: dict[str, tuple[int, float]] = {}
+    others_grow = False
+    for sid, est in estimates.items():
+        cap = growth_caps.get(sid)
+        demand = gate_demand_bytes(est, cap, config)
+        since = denied_since.get(sid)
+        outgrown = cap is not None and cap <= 0 and est.rate_bytes_per_s is not None
+        if since is not None and outgrown and demand > headroom_bytes:
+            kept[sid] = (demand, since)
+        elif demand > 0 and est.allowed and est.rate_bytes_per_s is not None:
+            others_grow = True  # measured and running: a start not yet launched is not
+    if kept and not others_grow:
+        sid = min(kept, key=lambda s: (kept[s][0], s))
+        demand, since = kept[sid]
+        if now - since >= config.overdue_after_s and demand > headroom_bytes + reclaimable_bytes:
+            del kept[sid]
+    return {sid: f"green: outgrew its prediction; demand {demand} B does not fit headroom "
+                 f"{headroom_bytes} B" for sid, (demand, _since) in kept.items()}
 
 
 def growth_state(estimate: GrowthEstimate, now: float, config: PolicyConfig) -> GrowthState:

@@ -58,7 +58,8 @@ class Boundary:
             return await future
         except asyncio.CancelledError:
             self._waiting.pop(action.action_id, None)
-            if not rt.admission.withdraw(action.action_id) and future.done():
+            if (not rt.admission.withdraw(action.action_id) and future.done()
+                    and not future.cancelled()):
                 self.release(action)  # admitted just as the caller gave up
             raise
 
@@ -90,6 +91,11 @@ class Boundary:
             headroom = max(headroom, rt.domain.budget_bytes or headroom)
         for decision in rt.admission.decide(rt.clock.now(), headroom):
             action, future = self._waiting.pop(decision.action_id)
+            if future.cancelled():
+                # Its caller was cancelled (shutdown cancels every waiter at once) and has
+                # not yet run its handler: hand the charge straight back.
+                rt.admission.release(decision.action_id)
+                continue
             rt.actions[action.action_id] = action
             future.set_result(decision)
             rt.events.emit("admit", action_id=decision.action_id, agent_id=decision.workflow_id,
@@ -208,9 +214,9 @@ class Boundary:
             self.reclaim(pressure)
 
     def reclaim(self, pressure: PressureState) -> None:
-        """Under yellow or red, or under green while starts are held past overdue, tear down
-        restartable idle sandboxes, largest first, until the physical headroom covers the
-        yellow line plus what waiting work needs.
+        """Under yellow or red, or under green while starts or growers are held past overdue,
+        tear down restartable idle sandboxes, largest first, until the physical headroom
+        covers the yellow line plus what waiting work needs.
 
         The deficit is physical: H against the line plus the gate's demand of actions held
         before their start, the demand of growers held past overdue, and the predicted
@@ -230,10 +236,13 @@ class Boundary:
             # blocking admission, and nothing was reclaimed for it. Starts held past
             # overdue get room; the brief holds of start rationing do not (reclaiming for
             # those doubled the teardowns of the 8x replay).
+            # Growers held past overdue (green keeps one that outgrew its prediction held
+            # while its demand exceeds H) get room the same way.
             overdue = rt.config.overdue_after_s
             held = [a for a in held if a.held_since is not None
                     and now - a.held_since >= overdue]
-            if not held:
+            if not held and not (rt.spec.use_gate and rt.execution.starving_demand_bytes(
+                    rt.actions.values(), now)):
                 return
             level = Pressure.YELLOW
         budget = rt.domain.budget_bytes or 0
