@@ -52,8 +52,10 @@ def test_gate_invariants(items, level, headroom, b, denied_since, free, caps) ->
         # Green holds only sandboxes already held that outgrew their prediction (a measured
         # rate, cap <= 0) and whose demand exceeds H.
         for s in d.denied:
-            assert s in denied_since and caps.get(s, 1) <= 0
-            assert ests[s].rate_bytes_per_s is not None and demand[s] > headroom
+            assert s in denied_since
+            assert caps.get(s, 1) <= 0
+            assert ests[s].rate_bytes_per_s is not None
+            assert demand[s] > headroom
         for s in d.allowed:
             outgrown = s in caps and caps[s] <= 0 and ests[s].rate_bytes_per_s is not None
             if s in denied_since and outgrown and demand[s] > headroom:

@@ -448,7 +448,8 @@ def test_cancelling_a_running_action_and_its_waiter_together_returns_every_charg
         await clock.sleep(1.0)
         waiting = asyncio.ensure_future(b.run(load(100, 150, 30.0), timeout=60))
         await clock.sleep(1.0)
-        assert rt.admission is not None and len(rt.admission.queued) == 1
+        assert rt.admission is not None
+        assert len(rt.admission.queued) == 1
         running.cancel()
         waiting.cancel()
         outcomes = await asyncio.gather(running, waiting, return_exceptions=True)
@@ -456,4 +457,5 @@ def test_cancelling_a_running_action_and_its_waiter_together_returns_every_charg
 
     outcomes, admitted_total, charges = run_with_runtime(tmp_path, body, config=config)
     assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
-    assert admitted_total == 0 and not charges
+    assert admitted_total == 0
+    assert not charges

@@ -240,8 +240,9 @@ def _outgrown_kept_under_green(
     freezes a running one), and only while its demand does not fit H.
 
     Liveness: when nothing else runs and grows (a held start waits for room too, so it
-    does not count: counting it deadlocked the two), it has waited `overdue_after_s` and even tearing
-    down every idle sandbox would not make room, waiting cannot help: the smallest goes.
+    does not count: counting it deadlocked the two), it has waited `overdue_after_s` and
+    even tearing down every idle sandbox would not make room, waiting cannot help: the
+    smallest goes.
     """
     kept: dict[str, tuple[int, float]] = {}
     others_grow = False
