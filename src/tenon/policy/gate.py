@@ -130,15 +130,15 @@ def decide_gate(
         kept = _outgrown_kept_under_green(
             estimates, headroom_bytes, now, config, denied_since=denied_since,
             growth_caps=growth_caps or {}, reclaimable_bytes=reclaimable_bytes)
-        reasons = dict.fromkeys(estimates, "green: all allowed")
-        reasons.update(kept)
+        green_reasons = dict.fromkeys(estimates, "green: all allowed")
+        green_reasons.update(kept)
         return GateDecision(
             frozenset(estimates) - frozenset(kept),
             frozenset(kept),
             budget_b,
             level,
             headroom_bytes,
-            reasons,
+            green_reasons,
         )
     slots = budget_b if level is Pressure.YELLOW else 1
     free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
