@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tenon.predict.classify import classify_action
+from tenon.predict.classify import classify_action, command_key
 
 CASES = [
     ("Bash", "python3 -m pytest tests/ -x", "test_runner"),
@@ -67,3 +67,23 @@ CASES = [
 @pytest.mark.parametrize(("tool", "command", "expected"), CASES)
 def test_classify(tool, command, expected):
     assert classify_action(tool, command) == expected
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("python3 -m pytest tests/", 'python3 -m pytest tests/ -v | grep -E "FAILED|ERROR"', True),
+        (
+            "python -m pytest tests/",
+            "cd /testbed && python3.11 -m pytest tests/ 2>&1 | tail -5",
+            True,
+        ),
+        ("/usr/bin/pytest -x -q", "pytest > out.txt", True),
+        ("python -m pytest tests/", "python -m pytest tests/test_one.py", False),
+        ("pip install -e .", "pip install numpy", False),
+        ("Read /testbed/a.py", "Read /testbed/b.py", False),
+        ("grep -rn foo src", "grep -n foo src", True),
+    ],
+)
+def test_command_key_ignores_decoration_but_not_the_work(first, second, same):
+    assert (command_key(first) == command_key(second)) is same

@@ -79,6 +79,36 @@ def test_forest_without_heavy_examples_has_no_classifier() -> None:
     assert not forest.predict(next(episodes[0].contexts())[0]).heavy_risk
 
 
+@pytest.mark.parametrize("repeat_heavy", [True, False])
+def test_forest_flags_a_rerun_of_a_command_that_was_heavy_earlier_in_the_workflow(
+    repeat_heavy: bool,
+) -> None:
+    # Trained on light workflows only: the forests alone cannot call anything heavy.
+    episodes = [make_episode(f"w{i}") for i in range(3)]
+    forest = fit_predictor(episodes, "forest", heavy_peak_bytes=GIB,
+                           config=ForestConfig(num_trees=5, repeat_heavy=repeat_heavy))
+    history = (
+        make_action("python3 -m pytest tests/", peak_mib=1600),
+        make_action("python3 -m pytest tests/", peak_mib=60),
+        make_action("Read /testbed/setup.py", action_class="file_read", peak_mib=20),
+    )
+
+    def predict(command: str):
+        return forest.predict(ActionContext("w9", command, "test_runner", 3, "demo", None, history))
+
+    rerun = predict("cd /testbed && python -m pytest tests/ -v 2>&1 | grep FAILED")
+    other = predict("python -m pytest tests/test_one.py")
+    assert not other.heavy_risk
+    assert other.peak_bytes < GIB
+    if repeat_heavy:
+        assert rerun.heavy_risk
+        assert rerun.peak_bytes >= 1600 * MIB
+        assert rerun.avg_bytes <= rerun.peak_bytes
+    else:
+        assert not rerun.heavy_risk
+        assert rerun.peak_bytes < GIB
+
+
 def test_forest_config_rejects_unknown_fields_and_bad_bounds() -> None:
     with pytest.raises(ValueError, match="num_trees"):
         ForestConfig(num_trees=0)

@@ -9,6 +9,7 @@ and the command as a whole gets the heaviest class found, in the order of `ACTIO
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shlex
@@ -143,6 +144,7 @@ _WRAPPERS: Final = frozenset(
     {"sudo", "time", "timeout", "nice", "env", "nohup", "exec", "xargs", "command"}
 )
 _SEPARATORS: Final = frozenset({"&&", "||", "|", ";", "&", ";;", "(", ")", "|&"})
+_REDIRECTIONS: Final = frozenset({">", ">>", "<", ">&", "<&", "&>", "&>>", "<<<", ">|"})
 _HEREDOC: Final = re.compile(r"<<-?\s*(['\"]?)(\w+)\1[^\n]*\n.*?\n\s*\2\s*(?:\n|$)", re.DOTALL)
 
 
@@ -159,6 +161,42 @@ def classify_action(tool: str, command: str) -> ActionClass:
         if ACTION_CLASSES.index(found) < ACTION_CLASSES.index(best):
             best = found
     return best
+
+
+@functools.lru_cache(maxsize=8192)
+def command_key(command: str) -> str:
+    """What a command runs, without its decoration: two runs with the same key do the same work.
+
+    The simple commands that give the command its class (`classify_action`), each with the
+    program's path, flags, redirections and numbers dropped; so `python -m pytest tests/`
+    and `cd /testbed && python3 -m pytest tests/ -v 2>&1 | grep FAILED` share a key but
+    `pytest tests/test_one.py` does not. The text is read as shell; a structured tool's
+    text (`Read /testbed/x.py`) keys on itself.
+    """
+    klass = classify_action("Bash", command)
+    parts: list[str] = []
+    for segment in _segments(command):
+        if _classify_simple(segment) != klass:
+            continue
+        words = _program(segment)
+        kept: list[str] = []
+        skip_next = False
+        for index, word in enumerate(words):
+            if skip_next:
+                skip_next = False
+                continue
+            if word in _REDIRECTIONS:
+                skip_next = True
+                continue
+            if word.startswith("-") or word.isdigit():
+                continue
+            if index == 0:  # /usr/bin/python3.11 -> python
+                word = word.rsplit("/", 1)[-1]
+                if _INTERPRETERS.match(word):
+                    word = word.rstrip("0123456789.")
+            kept.append(word)
+        parts.append(" ".join(kept))
+    return " ; ".join(parts) or " ".join(command.split())
 
 
 def _segments(command: str) -> list[list[str]]:

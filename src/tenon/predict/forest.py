@@ -8,6 +8,13 @@ the classifier says so with probability >= `heavy_probability` or the predicted 
 above the threshold. With no heavy action in the training data there is no classifier, and
 only the regressor can flag one.
 
+A repeat of a heavy command is heavy (`repeat_heavy`): when an earlier action of the same
+workflow with the same `command_key` (an agent re-running its test suite, flags and pipes
+aside) peaked above the threshold, the action is flagged heavy and its predicted peak is at
+least that earlier peak. Heavy actions are a handful in thousands, so the forests average
+them away; a workflow's own heavy run is the best evidence there is that the next one is
+heavy too.
+
 Inference goes through `FlatForest` (about a millisecond for one action), not scikit-learn's
 `predict`. The workflow's history arrives in every `ActionContext`, so `observe` has nothing
 to learn: the model changes only when it is retrained.
@@ -28,6 +35,7 @@ from sklearn.ensemble import (  # type: ignore[import-untyped]
 from tenon.errors import ConfigError
 from tenon.policy.admission import Prediction
 from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.classify import command_key
 from tenon.predict.features import MIB, FeatureBuilder
 from tenon.predict.trees import FlatForest
 
@@ -67,6 +75,11 @@ class ForestConfig(BaseModel):
         gt=0,
         le=1,
         description="Classifier probability from which an action is flagged heavy.",
+    )
+    repeat_heavy: bool = Field(
+        default=True,
+        description="Flag a re-run of a command that was heavy earlier in the workflow heavy, "
+        "predicting at least that earlier peak.",
     )
     seed: int = Field(default=0, description="Random state of both forests.")
 
@@ -154,14 +167,26 @@ class ForestPredictor:
         else:
             heavy_probability = np.zeros(len(contexts))
         predictions = []
-        for (avg, peak), probability in zip(figures_bytes, heavy_probability, strict=True):
+        for context, (avg, peak), probability in zip(
+            contexts, figures_bytes, heavy_probability, strict=True
+        ):
             peak_bytes = int(peak)
+            if self.config.repeat_heavy:
+                peak_bytes = max(peak_bytes, self._heavy_repeat_peak(context))
             avg_bytes = min(int(avg), peak_bytes)
             heavy_risk = bool(
                 probability >= self.config.heavy_probability or peak_bytes > self.heavy_peak_bytes
             )
             predictions.append(Prediction(avg_bytes, peak_bytes, heavy_risk))
         return predictions
+
+    def _heavy_repeat_peak(self, context: ActionContext) -> int:
+        """The highest heavy peak of an earlier run of this command in the workflow, or 0."""
+        heavy = [m for m in context.history if m.peak_bytes > self.heavy_peak_bytes]
+        if not heavy:  # the common case: no shell parsing on the admission path
+            return 0
+        key = command_key(context.command)
+        return max((m.peak_bytes for m in heavy if command_key(m.command) == key), default=0)
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
         """Nothing to do: the workflow's history reaches `predict` through the context."""
