@@ -459,3 +459,39 @@ def test_cancelling_a_running_action_and_its_waiter_together_returns_every_charg
     assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
     assert admitted_total == 0
     assert not charges
+
+
+def test_an_exec_that_finds_its_sandbox_frozen_waits_for_the_thaw(tmp_path: Path) -> None:
+    """A tick can freeze a launched sandbox before its exec begins; the action must wait for
+    the gate, not fail its workflow's attempt (8 attempts lost so in one real 8x replay)."""
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        original = rt.residency.exec
+        refused: list[float] = []
+
+        async def thaw_later(cgroups):
+            await clock.sleep(1.5)
+            for cgroup in cgroups:
+                cgroup.frozen = False
+
+        async def freeze_first(agent_id, command, **kwargs):
+            if not refused:
+                cgroups = list(domain.cgroups.values())
+                for cgroup in cgroups:
+                    cgroup.frozen = True
+                asyncio.get_running_loop().create_task(thaw_later(cgroups))
+            try:
+                return await original(agent_id, command, **kwargs)
+            except Exception:
+                refused.append(clock.now())
+                raise
+
+        rt.residency.exec = freeze_first
+        started = clock.now()
+        result = await agent.run(load(50, 80, 2.0), timeout=60)
+        return result, refused, clock.now() - started
+
+    result, refused, elapsed = run_with_runtime(tmp_path, body)
+    assert result.outcome is Outcome.OK
+    assert len(refused) >= 2  # it retried while frozen, not once and done
+    assert elapsed >= 1.5 + 2.0 - 0.2  # ran only after the thaw

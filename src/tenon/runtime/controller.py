@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from tenon.clock import Clock, SystemClock
-from tenon.errors import ConfigError, RecoveryError, SandboxDied, SandboxError
+from tenon.errors import (
+    ConfigError,
+    RecoveryError,
+    SandboxDied,
+    SandboxError,
+    SandboxFrozen,
+)
 from tenon.host.types import CgroupVersion
 from tenon.policy.admission import ActionRequest, AdmissionController, AdmitDecision
 from tenon.policy.baselines import (
@@ -354,8 +360,8 @@ class Runtime:
         result: ExecResult | None = None
         died: str | None = None
         try:
-            result = await self.residency.exec(state.agent_id, command, timeout_s=timeout_s,
-                                               max_output_bytes=max_output_bytes)
+            result = await self._exec_when_let_go(state.agent_id, command, timeout_s,
+                                                  max_output_bytes)
         except SandboxDied as exc:
             died = str(exc)
         finally:
@@ -416,6 +422,26 @@ class Runtime:
 
     def pressure_now(self) -> PressureState:
         return self.execution.pressure(self.actions.values(), self.domain.reading())
+
+    async def _exec_when_let_go(self, agent_id: str, command: str, timeout_s: float,
+                                max_output_bytes: int) -> ExecResult:
+        """Exec the action, waiting while the gate holds its sandbox frozen.
+
+        A tick can run between the launch and the exec (the peak mark is reset in a thread
+        meanwhile) and freeze the sandbox, or a thaw may not have settled yet. The backends
+        refuse an exec into a frozen sandbox (Docker cannot exec into a paused container),
+        and failing the attempt for it threw away the workflow's progress. The action waits
+        for the gate instead, as a hold mid-run would; the wait is not part of its timeout.
+        """
+        while True:
+            try:
+                return await self.residency.exec(agent_id, command, timeout_s=timeout_s,
+                                                 max_output_bytes=max_output_bytes)
+            except SandboxFrozen:
+                if self._closed:
+                    raise AgentClosed(f"agent {agent_id}: the runtime closed") from None
+                logger.debug("agent %s: sandbox frozen at exec; waiting for the gate", agent_id)
+                await self.clock.sleep(self.config.control_period_s)
 
     async def _execution_loop(self) -> None:
         period = self.config.control_period_s
