@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
-from tenon.predict.base import ActionContext
+from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.crossfit import crossfit_predictor
 from tenon.predict.episodes import episodes_from_trace
 from tenon.predict.evaluate import replay, score
 from tenon.predict.forest import ForestConfig, ForestPredictor
@@ -56,27 +59,67 @@ def test_forest_learns_a_family_pattern_that_static_cannot() -> None:
     assert forest.predict(big_test_run).peak_bytes > GIB
 
 
-def test_forest_predict_many_matches_predict_and_observe_changes_nothing() -> None:
+def test_forest_predict_many_matches_predict_and_light_observations_change_nothing() -> None:
     episodes = episodes_from_trace(big_family_trace())
     forest = fit_predictor(episodes, "forest", heavy_peak_bytes=GIB)
     assert isinstance(forest, ForestPredictor)
     contexts = [c for c, _ in episodes[0].contexts()]
     one_by_one = [forest.predict(c) for c in contexts]
     assert forest.predict_many(contexts) == one_by_one
-    forest.observe(contexts[0], make_action(peak_mib=5000))
+    for context in contexts:
+        forest.observe(context, make_action(context.command, peak_mib=900))
     assert [forest.predict(c) for c in contexts] == one_by_one
     assert all(p.avg_bytes <= p.peak_bytes for p in one_by_one)
 
 
-def test_forest_without_heavy_examples_has_no_classifier() -> None:
+def _light_forest(**config: object) -> ForestPredictor:
+    """Trained on light workflows only: the forests alone cannot call anything heavy."""
     episodes = [make_episode(f"w{i}") for i in range(3)]
-    forest = fit_predictor(
-        episodes, "forest", heavy_peak_bytes=GIB, config=ForestConfig(num_trees=5)
-    )
+    forest = fit_predictor(episodes, "forest", heavy_peak_bytes=GIB,
+                           config=ForestConfig(num_trees=5, **config))  # type: ignore[arg-type]
     assert isinstance(forest, ForestPredictor)
-    assert forest.classifier is None
-    assert forest.regressor.num_trees == 5
-    assert not forest.predict(next(episodes[0].contexts())[0]).heavy_risk
+    return forest
+
+
+@pytest.mark.parametrize("oom_killed", [False, True])
+def test_forest_remembers_a_heavy_run_for_the_rest_of_its_family(oom_killed: bool) -> None:
+    forest = _light_forest()
+    first = ActionContext("repo-1#1", "python3 -m pytest tests/", "test_runner", 15, "repo")
+    if oom_killed:  # stopped at 600 MiB by the OOM killer: it needed more than that
+        measured = MeasuredAction("test_runner", 400 * MIB, 600 * MIB, 3.0,
+                                  first.command, oom_killed=True)
+    else:
+        measured = make_action(first.command, peak_mib=1600)
+    before = forest.predict(first)
+    assert not before.heavy_risk
+    forest.observe(first, measured)
+
+    copy = ActionContext("repo-1#2", "python -m pytest tests/ 2>&1 | tail", "test_runner", 15,
+                         "repo")
+    other_family = ActionContext("lib-9", first.command, "test_runner", 15, "lib")
+    other_command = ActionContext("repo-1#2", "pytest tests/test_x.py", "test_runner", 3, "repo")
+    flagged = forest.predict(copy)
+    assert flagged.heavy_risk
+    assert flagged.peak_bytes >= (GIB if oom_killed else 1600 * MIB)
+    assert forest.predict(other_family) == before
+    assert not forest.predict(other_command).heavy_risk
+    # a model file carries what was trained, not what one run observed
+    assert pickle.loads(pickle.dumps(forest)).predict(copy) == forest.predict(
+        ActionContext("fresh", copy.command, "test_runner", 15, "fresh-family"))
+
+
+def test_crossfit_hands_run_time_observations_to_every_fold() -> None:
+    crossfit = crossfit_predictor(big_family_trace(), folds=2, seed=0, kind="forest",
+                                  config=ForestConfig(num_trees=5))
+    command = "python3 -m pytest tests/ -x"
+    # small-0 and small-4 are both of family lib0, whose test runs peak at 200 MiB
+    context = ActionContext("small-4", command, "test_runner", 4, "lib0")
+    assert not crossfit.predict(context).heavy_risk
+    crossfit.observe(ActionContext("small-0", command, "test_runner", 4, "lib0"),
+                     make_action(command, peak_mib=3000))
+    after = crossfit.predict(context)
+    assert after.heavy_risk
+    assert after.peak_bytes >= 3000 * MIB
 
 
 @pytest.mark.parametrize("repeat_heavy", [True, False])

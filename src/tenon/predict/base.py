@@ -26,6 +26,8 @@ class MeasuredAction:
     duration_s: float
     command: str = ""
     """The command text the action ran (the `forest` predictor's trajectory features)."""
+    oom_killed: bool = False
+    """The OOM killer ended it: `peak_bytes` is where it was stopped, not what it needed."""
 
 
 @dataclass(frozen=True, slots=True)

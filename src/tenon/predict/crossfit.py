@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext, Predictor
+from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 from tenon.predict.episodes import episodes_from_trace, trace_workflow_id
 from tenon.predict.forest import ForestConfig
 from tenon.predict.model import DEFAULT_HEAVY_PEAK_BYTES, fit_predictor
@@ -43,6 +43,14 @@ class CrossFitPredictor:
 
     def predict(self, context: ActionContext) -> Prediction:
         return self.predictor_for(context.workflow_id).predict(context)
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """Hands the measured figures to every fold's predictor that learns: what a workflow
+        measured at run time is news to all of them, not only the one predicting it."""
+        for predictor in {id(p): p for p in (*self._by_workflow.values(), self._fallback)}.values():
+            observe = getattr(predictor, "observe", None)
+            if observe is not None:
+                observe(context, measured)
 
 
 def crossfit_predictor(

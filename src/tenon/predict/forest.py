@@ -8,16 +8,18 @@ the classifier says so with probability >= `heavy_probability` or the predicted 
 above the threshold. With no heavy action in the training data there is no classifier, and
 only the regressor can flag one.
 
-A repeat of a heavy command is heavy (`repeat_heavy`): when an earlier action of the same
-workflow with the same `command_key` (an agent re-running its test suite, flags and pipes
-aside) peaked above the threshold, the action is flagged heavy and its predicted peak is at
-least that earlier peak. Heavy actions are a handful in thousands, so the forests average
-them away; a workflow's own heavy run is the best evidence there is that the next one is
-heavy too.
+A repeat of a heavy command is heavy (`repeat_heavy`): when an earlier action with the same
+`command_key` (an agent re-running its test suite, flags and pipes aside) peaked above the
+threshold, in the same workflow or, as observed at run time, in another workflow of the same
+family (a retry, another agent on the same repository), the action is flagged heavy and its
+predicted peak is at least that earlier peak. An action the OOM killer ended counts as heavy:
+it was the largest thing in a full domain, and its measured peak is a floor, not its need.
+Heavy actions are a handful in thousands, so the forests average them away; a heavy run of
+the same command is the best evidence there is that the next one is heavy too.
 
 Inference goes through `FlatForest` (about a millisecond for one action), not scikit-learn's
-`predict`. The workflow's history arrives in every `ActionContext`, so `observe` has nothing
-to learn: the model changes only when it is retrained.
+`predict`. The trees change only when retrained; `observe` keeps only the heavy runs, and
+they are not saved with the model.
 """
 
 from __future__ import annotations
@@ -103,6 +105,17 @@ class ForestPredictor:
         self.classifier = classifier
         self.heavy_peak_bytes = heavy_peak_bytes
         self.config = config
+        self._heavy_runs: dict[tuple[str, str], int] = {}
+        """(family, command_key) -> the highest heavy peak observed at run time."""
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["_heavy_runs"] = {}  # a model file carries what was trained, not a run's memory
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_heavy_runs", {})
 
     @classmethod
     def fit(
@@ -181,13 +194,34 @@ class ForestPredictor:
         return predictions
 
     def _heavy_repeat_peak(self, context: ActionContext) -> int:
-        """The highest heavy peak of an earlier run of this command in the workflow, or 0."""
-        heavy = [m for m in context.history if m.peak_bytes > self.heavy_peak_bytes]
-        if not heavy:  # the common case: no shell parsing on the admission path
-            return 0
+        """The highest heavy peak of an earlier run of this command (in the workflow, or
+        observed in its family), or 0."""
+        heavy = [self._heavy_floor(m) for m in context.history]
+        heavy = [(peak, m) for peak, m in zip(heavy, context.history, strict=True) if peak]
+        family = context.family
+        if not heavy and not any(f == family for f, _ in self._heavy_runs):
+            return 0  # the common case: no shell parsing on the admission path
         key = command_key(context.command)
-        return max((m.peak_bytes for m in heavy if command_key(m.command) == key), default=0)
+        peak = max((p for p, m in heavy if command_key(m.command) == key), default=0)
+        return max(peak, self._heavy_runs.get((family or "", key), 0) if family else 0)
+
+    def _heavy_floor(self, measured: MeasuredAction) -> int:
+        """What a measured action says the next run of its command may need, if heavy."""
+        if measured.peak_bytes > self.heavy_peak_bytes:
+            return measured.peak_bytes
+        if measured.oom_killed:
+            return self.heavy_peak_bytes + 1
+        return 0
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
-        """Nothing to do: the workflow's history reaches `predict` through the context."""
-        del context, measured
+        """Remember a heavy run (or an OOM-killed one) by family and command.
+
+        The workflow's own history reaches `predict` through the context; this is for the
+        family's other workflows, which run at the same time or later.
+        """
+        if not self.config.repeat_heavy or not context.family:
+            return
+        floor = self._heavy_floor(measured)
+        if floor:
+            key = (context.family, command_key(context.command))
+            self._heavy_runs[key] = max(self._heavy_runs.get(key, 0), floor)

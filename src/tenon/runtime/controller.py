@@ -386,7 +386,8 @@ class Runtime:
             outcome = Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
         if outcome.fails_attempt:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
-        measured = MeasuredAction(klass, avg, peak, end - start, command)
+        measured = MeasuredAction(klass, avg, peak, end - start, command,
+                                  oom_killed=outcome is Outcome.OOM_KILLED)
         state.history.append(measured)
         observe = getattr(self.predictor, "observe", None)
         if observe is not None and outcome is not Outcome.SANDBOX_DIED:
