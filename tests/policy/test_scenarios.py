@@ -219,3 +219,30 @@ def test_green_keeps_a_held_grower_that_outgrew_its_prediction_while_it_does_not
     assert decide(400 * MIB, since=9.0, ids=("big",)).denied == {"big"}  # not yet overdue
     assert decide(400 * MIB, since=5.0, ids=("big",)).allowed == {"big"}
     assert decide(400 * MIB, since=5.0, reclaimable=1024 * MIB, ids=("big",)).denied == {"big"}
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.0])
+def test_an_outgrown_grower_demands_at_least_its_overshoot_while_it_grows(
+    fraction: float,
+) -> None:
+    from tenon.policy import decide_gate
+    from tenon.policy.gate import gate_demand_bytes
+
+    from .factories import make_estimate
+
+    config = make_config(outgrown_demand_fraction=fraction)
+    growing = make_estimate("big", 80 * MIB, 9.9, False)  # 80 MiB a horizon between holds
+    overshoot = 1000 * MIB  # 1.1 GiB used, predicted ~100 MiB
+    demand = gate_demand_bytes(growing, -overshoot, config)
+    assert demand == (overshoot if fraction else 80 * MIB)
+    # at its plateau it demands nothing, however far it outgrew its prediction
+    assert gate_demand_bytes(make_estimate("big", 1 * MIB, 5.0, True), -overshoot, config) == 0
+    # within its prediction the cap still bounds the projection
+    assert gate_demand_bytes(growing, 50 * MIB, config) == 50 * MIB
+
+    # Yellow with 700 MiB of headroom, 400 MiB of it above the yellow line: the measured
+    # rate alone fits there; the overshoot does not fit at all, so it stays held.
+    decision = decide_gate({"big": growing}, Pressure.YELLOW, 700 * MIB, 10.0, config,
+                           budget_b=1, denied_since={"big": 8.0},
+                           growth_caps={"big": -overshoot}, free_bytes=400 * MIB)
+    assert ("big" in decision.denied) == bool(fraction)

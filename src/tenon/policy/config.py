@@ -106,7 +106,18 @@ class PolicyConfig(BaseModel):
         description=(
             "The gate trusts an action's predicted peak, plus this fraction and the bootstrap "
             "demand, as the bound on its growth; beyond that the prediction has failed and the "
-            "measured projection alone counts."
+            "measured projection counts, with `outgrown_demand_fraction` as a floor."
+        ),
+    )
+    outgrown_demand_fraction: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "While an action that outgrew its bound still grows, its gate demand is at least "
+            "this fraction of its overshoot (usage beyond the bound): a prediction that failed "
+            "by 1 GiB says nothing about when the growth stops, and a growth rate measured "
+            "between holds understates a burst. 0 trusts the measured rate alone."
         ),
     )
     peak_release_fraction: float = Field(

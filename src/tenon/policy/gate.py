@@ -86,9 +86,12 @@ def gate_demand_bytes(
     Afterwards the projection is capped by it: the EWMA remembers a ramp for a second after
     it ends, and a held sandbox's estimate cannot decay at all, so without the cap a
     sandbox at its peak would look like a fast grower indefinitely. A cap <= 0 means the
-    action outgrew its prediction, which is then no guide: its measured projection stands
-    (the liveness probe keeps a stale one from holding everything forever). Demand within
-    the resident band over the horizon is zero, as for a measured rate.
+    action outgrew its prediction, which is then no guide: while it still grows, its demand
+    is its measured projection or `outgrown_demand_fraction` of its overshoot, whichever is
+    larger (on the real host a 1.6 GiB test run predicted at 134 MiB measured 50-100 MiB a
+    horizon between holds; released with 630 MiB of headroom, the domain was full 0.17 s
+    later). The liveness probe keeps a stale estimate from holding everything forever.
+    Demand within the resident band over the horizon is zero, as for a measured rate.
     """
     bootstrap = config.bootstrap_demand_bytes
     if estimate.rate_bytes_per_s is None:
@@ -97,6 +100,8 @@ def gate_demand_bytes(
         demand = projected_demand_bytes(estimate, config)
         if demand > 0 and cap_bytes is not None and cap_bytes > 0:
             demand = min(demand, cap_bytes)
+        elif demand > 0 and cap_bytes is not None:  # outgrown and still growing
+            demand = max(demand, int(config.outgrown_demand_fraction * -cap_bytes))
     if cap_bytes is not None and demand <= config.resident_band_bytes_per_s * config.horizon_s:
         return 0
     return demand
