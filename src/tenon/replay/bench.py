@@ -11,6 +11,7 @@ finished), `table.md` and the plots (`tenon report RUN_DIR` redraws them).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import statistics
@@ -179,10 +180,10 @@ async def run_bench(
         fitted = crossfit_predictor(trace, kind=kind, heavy_peak_bytes=heavy)
 
     def new_predictor() -> Predictor:  # fresh per policy: nothing learnt carries over
-        # (the cross-fitted ones learn nothing during a run: history comes with each context)
         if config.predictor.startswith("online"):
-            return OnlinePredictor(fitted, heavy_peak_bytes=heavy, name=config.predictor)
-        return fitted
+            return OnlinePredictor(copy.deepcopy(fitted), heavy_peak_bytes=heavy,
+                                   name=config.predictor)
+        return copy.deepcopy(fitted)  # the forest remembers heavy runs it observes
 
     summary: dict[str, Any] = {
         "budget_bytes": config.budget_bytes,
