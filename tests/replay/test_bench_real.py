@@ -57,10 +57,13 @@ def test_interrupt_removes_sandboxes_and_cgroups_and_keeps_partial_results(
                             cwd=REPO, start_new_session=True, preexec_fn=preexec)
     try:
         deadline = time.monotonic() + 120
-        # interrupt once eager has finished and tenon's sandboxes are running
-        while time.monotonic() < deadline and not (out / "tenon" / "events.jsonl").exists():
-            time.sleep(0.5)
-        time.sleep(3.0)
+        # interrupt once eager has finished and tenon's sandboxes are running (a fixed sleep
+        # after its event log appeared sometimes let tenon finish first)
+        events = out / "tenon" / "events.jsonl"
+        while time.monotonic() < deadline and not (
+            events.exists() and '"action_start"' in events.read_text()
+        ):
+            time.sleep(0.2)
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
         os.kill(proc.pid, signum)
         output = proc.communicate(timeout=120)[0].decode()
