@@ -81,6 +81,13 @@ def _light_forest(**config: object) -> ForestPredictor:
     return forest
 
 
+def test_forest_without_heavy_examples_has_no_classifier() -> None:
+    forest = _light_forest()
+    assert forest.classifier is None
+    assert forest.regressor.num_trees == 5
+    assert not forest.predict(next(make_episode("w0").contexts())[0]).heavy_risk
+
+
 @pytest.mark.parametrize("oom_killed", [False, True])
 def test_forest_remembers_a_heavy_run_for_the_rest_of_its_family(oom_killed: bool) -> None:
     forest = _light_forest()
@@ -126,10 +133,7 @@ def test_crossfit_hands_run_time_observations_to_every_fold() -> None:
 def test_forest_flags_a_rerun_of_a_command_that_was_heavy_earlier_in_the_workflow(
     repeat_heavy: bool,
 ) -> None:
-    # Trained on light workflows only: the forests alone cannot call anything heavy.
-    episodes = [make_episode(f"w{i}") for i in range(3)]
-    forest = fit_predictor(episodes, "forest", heavy_peak_bytes=GIB,
-                           config=ForestConfig(num_trees=5, repeat_heavy=repeat_heavy))
+    forest = _light_forest(repeat_heavy=repeat_heavy)
     history = (
         make_action("python3 -m pytest tests/", peak_mib=1600),
         make_action("python3 -m pytest tests/", peak_mib=60),

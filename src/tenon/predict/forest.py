@@ -105,8 +105,8 @@ class ForestPredictor:
         self.classifier = classifier
         self.heavy_peak_bytes = heavy_peak_bytes
         self.config = config
-        self._heavy_runs: dict[tuple[str, str], int] = {}
-        """(family, command_key) -> the highest heavy peak observed at run time."""
+        self._heavy_runs: dict[str, dict[str, int]] = {}
+        """family -> command_key -> the highest heavy peak observed at run time."""
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
@@ -196,14 +196,13 @@ class ForestPredictor:
     def _heavy_repeat_peak(self, context: ActionContext) -> int:
         """The highest heavy peak of an earlier run of this command (in the workflow, or
         observed in its family), or 0."""
-        heavy = [self._heavy_floor(m) for m in context.history]
-        heavy = [(peak, m) for peak, m in zip(heavy, context.history, strict=True) if peak]
-        family = context.family
-        if not heavy and not any(f == family for f, _ in self._heavy_runs):
+        heavy = [(floor, m) for m in context.history if (floor := self._heavy_floor(m))]
+        in_family = self._heavy_runs.get(context.family or "", {})
+        if not heavy and not in_family:
             return 0  # the common case: no shell parsing on the admission path
         key = command_key(context.command)
         peak = max((p for p, m in heavy if command_key(m.command) == key), default=0)
-        return max(peak, self._heavy_runs.get((family or "", key), 0) if family else 0)
+        return max(peak, in_family.get(key, 0))
 
     def _heavy_floor(self, measured: MeasuredAction) -> int:
         """What a measured action says the next run of its command may need, if heavy."""
@@ -223,5 +222,6 @@ class ForestPredictor:
             return
         floor = self._heavy_floor(measured)
         if floor:
-            key = (context.family, command_key(context.command))
-            self._heavy_runs[key] = max(self._heavy_runs.get(key, 0), floor)
+            runs = self._heavy_runs.setdefault(context.family, {})
+            key = command_key(context.command)
+            runs[key] = max(runs.get(key, 0), floor)
