@@ -115,6 +115,19 @@ def test_forest_remembers_a_heavy_run_for_the_rest_of_its_family(oom_killed: boo
         ActionContext("fresh", copy.command, "test_runner", 15, "fresh-family"))
 
 
+def test_forest_remembers_a_heavy_run_by_task_when_the_task_is_known() -> None:
+    forest = _light_forest()
+    command = "python3 -m pytest tests/"
+
+    def context(workflow: str, task: str) -> ActionContext:
+        return ActionContext(workflow, command, "test_runner", 15, "repo", None, (), task)
+
+    forest.observe(context("repo-1#1", "repo-1"), make_action(command, peak_mib=1600))
+    assert forest.predict(context("repo-1#2", "repo-1")).heavy_risk
+    # the same repository's other task runs the same command, but not the same tests
+    assert not forest.predict(context("repo-2#1", "repo-2")).heavy_risk
+
+
 def test_crossfit_hands_run_time_observations_to_every_fold() -> None:
     crossfit = crossfit_predictor(big_family_trace(), folds=2, seed=0, kind="forest",
                                   config=ForestConfig(num_trees=5))

@@ -12,8 +12,10 @@ from tenon.predict.static import StaticPredictor
 MIB = 1 << 20
 
 
-def ctx(klass: str = "test_runner", *, family: str = "repo", history=()) -> ActionContext:
-    return ActionContext("w1", "pytest -x", klass, len(history), family, None, tuple(history))
+def ctx(klass: str = "test_runner", *, family: str = "repo", history=(),
+        task: str | None = None) -> ActionContext:
+    return ActionContext("w1", "pytest -x", klass, len(history), family, None, tuple(history),
+                         task)
 
 
 def test_static_fit_takes_class_means_and_high_peaks() -> None:
@@ -41,6 +43,22 @@ def test_online_learns_from_the_workflow_and_the_family_only() -> None:
     assert online.predict(ctx(family="other")).peak_bytes == 200 * MIB
     assert online.predict(ctx("vcs")).peak_bytes == static.predict(ctx("vcs")).peak_bytes
     assert online.predict(ctx()).avg_bytes == 300 * MIB
+
+
+def test_online_learns_across_workflows_by_task_when_the_task_is_known() -> None:
+    static = StaticPredictor({"test_runner": (100 * MIB, 200 * MIB)})
+    online = OnlinePredictor(static)
+    heavy = MeasuredAction("test_runner", 300 * MIB, 1600 * MIB, 10.0)
+    online.observe(ctx(task="repo-17"), heavy)
+    # another attempt at the same task expects the heavy run; another task of the same
+    # repository does not (its test runs queued for a gigabyte they never used), nor does
+    # a workflow that names no task (it falls back to the family, which saw nothing)
+    assert online.predict(ctx(task="repo-17")).heavy_risk
+    assert online.predict(ctx(task="repo-17")).peak_bytes == 1600 * MIB
+    assert online.predict(ctx(task="repo-42")).peak_bytes == 200 * MIB
+    assert online.predict(ctx()).peak_bytes == 200 * MIB
+    online.observe(ctx(), heavy)
+    assert online.predict(ctx()).heavy_risk
 
 
 def test_online_raises_any_base_predictor_and_keeps_its_heavy_flag() -> None:

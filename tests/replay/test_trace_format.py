@@ -77,6 +77,13 @@ def test_profiled_peak_is_max_action_peak():
     assert profiled_peak_bytes(workflow) == workflow.profiled_peak_bytes == 300 * MIB
 
 
+def test_task_is_the_recorded_task_else_the_workflow_id():
+    workflow = make_workflow("dask__dask-2205/attempt_1")
+    assert workflow.task == "dask__dask-2205/attempt_1"
+    attempt = workflow.model_copy(update={"metadata": {"task": "dask__dask-2205"}})
+    assert attempt.task == "dask__dask-2205"
+
+
 def test_peak_below_avg_names_line_and_field(tmp_path):
     records = good_records()
     records[2]["steps"][1]["action"]["memory"]["peak_bytes"] = 1

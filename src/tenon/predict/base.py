@@ -42,6 +42,18 @@ class ActionContext:
     task_prompt: str | None = None
     history: tuple[MeasuredAction, ...] = field(default_factory=tuple)
     """Earlier actions of the same workflow, oldest first."""
+    task: str | None = None
+    """The task the workflow attempts (a SWE-bench instance, an RL rollout's problem).
+    Workflows on one task (retries, rollouts, replayed copies) repeat each other's actions;
+    workflows of one family (a repository) may attempt very different tasks."""
+
+    @property
+    def peer_key(self) -> str:
+        """Whose measurements stand in for this workflow's own before it has any: workflows
+        on the same task when the task is known, else the same family."""
+        if self.task:
+            return "task:" + self.task
+        return "family:" + (self.family or "")
 
 
 class Predictor(Protocol):

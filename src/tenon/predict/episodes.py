@@ -40,6 +40,7 @@ class Episode:
     family: str | None
     task_prompt: str | None
     actions: tuple[MeasuredAction, ...]
+    task: str | None = None
 
     def has_heavy(self, heavy_peak_bytes: int) -> bool:
         return any(m.peak_bytes > heavy_peak_bytes for m in self.actions)
@@ -55,6 +56,7 @@ class Episode:
                 self.family,
                 self.task_prompt,
                 self.actions[:index],
+                self.task,
             )
             yield context, measured
 
@@ -70,7 +72,7 @@ def episode_from_workflow(workflow: Workflow) -> Episode:
         )
         for step in workflow.steps
     )
-    return Episode(workflow.id, workflow.family, workflow.task_prompt, actions)
+    return Episode(workflow.id, workflow.family, workflow.task_prompt, actions, workflow.task)
 
 
 def episodes_from_trace(trace: Trace) -> list[Episode]:

@@ -10,8 +10,8 @@ only the regressor can flag one.
 
 A repeat of a heavy command is heavy (`repeat_heavy`): when an earlier action with the same
 `command_key` (an agent re-running its test suite, flags and pipes aside) peaked above the
-threshold, in the same workflow or, as observed at run time, in another workflow of the same
-family (a retry, another agent on the same repository), the action is flagged heavy and its
+threshold, in the same workflow or, as observed at run time, in a peer workflow (another
+attempt at the same task; without a task, the same family), the action is flagged heavy and its
 predicted peak is at least that earlier peak. An action the OOM killer ended counts as heavy:
 it was the largest thing in a full domain, and its measured peak is a floor, not its need.
 Heavy actions are a handful in thousands, so the forests average them away; a heavy run of
@@ -106,7 +106,8 @@ class ForestPredictor:
         self.heavy_peak_bytes = heavy_peak_bytes
         self.config = config
         self._heavy_runs: dict[str, dict[str, int]] = {}
-        """family -> command_key -> the highest heavy peak observed at run time."""
+        """peer key (task, else family) -> command_key -> the highest heavy peak observed at
+        run time."""
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
@@ -195,14 +196,14 @@ class ForestPredictor:
 
     def _heavy_repeat_peak(self, context: ActionContext) -> int:
         """The highest heavy peak of an earlier run of this command (in the workflow, or
-        observed in its family), or 0."""
+        observed in a peer workflow: same task, else same family), or 0."""
         heavy = [(floor, m) for m in context.history if (floor := self._heavy_floor(m))]
-        in_family = self._heavy_runs.get(context.family or "", {})
-        if not heavy and not in_family:
+        in_peers = self._heavy_runs.get(context.peer_key, {})
+        if not heavy and not in_peers:
             return 0  # the common case: no shell parsing on the admission path
         key = command_key(context.command)
         peak = max((p for p, m in heavy if command_key(m.command) == key), default=0)
-        return max(peak, in_family.get(key, 0))
+        return max(peak, in_peers.get(key, 0))
 
     def _heavy_floor(self, measured: MeasuredAction) -> int:
         """What a measured action says the next run of its command may need, if heavy."""
@@ -213,15 +214,16 @@ class ForestPredictor:
         return 0
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
-        """Remember a heavy run (or an OOM-killed one) by family and command.
+        """Remember a heavy run (or an OOM-killed one) by peer key (task, else family) and
+        command.
 
-        The workflow's own history reaches `predict` through the context; this is for the
-        family's other workflows, which run at the same time or later.
+        The workflow's own history reaches `predict` through the context; this is for its
+        peers, which run at the same time or later.
         """
-        if not self.config.repeat_heavy or not context.family:
+        if not self.config.repeat_heavy or not (context.task or context.family):
             return
         floor = self._heavy_floor(measured)
         if floor:
-            runs = self._heavy_runs.setdefault(context.family, {})
+            runs = self._heavy_runs.setdefault(context.peer_key, {})
             key = command_key(context.command)
             runs[key] = max(runs.get(key, 0), floor)

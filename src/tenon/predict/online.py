@@ -1,8 +1,11 @@
 """The `online` predictor: static per-class figures, raised by what was measured so far.
 
-For an action of class C in family F (e.g. a repository), the predicted peak is the largest
-of: the static figure for C, the largest peak C reached earlier in the same workflow, and the
-largest peak C reached in any workflow of F that completed an action before. The average is
+For an action of class C, the predicted peak is the largest of: the static figure for C, the
+largest peak C reached earlier in the same workflow, and the largest peak C reached in any
+peer workflow that completed an action before. Peers are the workflows on the same task when
+the task is known (`ActionContext.peer_key`), else the same family (e.g. a repository): one
+repository's tasks differ (a test suite that needed 1.6 GiB in one task made every test run
+of the repository's other task "heavy" and queued for a gigabyte it never used). The average is
 raised the same way with the mean of those measurements. It learns during a run (`observe`
 after each action) from nothing but completed actions, so it never sees the action it
 predicts: a test suite that needed 1.6 GiB once is expected to need it again.
@@ -37,7 +40,7 @@ class OnlinePredictor:
         base = self._base.predict(context)
         klass = context.action_class
         own = [m for m in context.history if m.action_class == klass]
-        key = (context.family or "", klass)
+        key = (context.peer_key, klass)
         peaks = [base.peak_bytes, *(m.peak_bytes for m in own)]
         avgs = [base.avg_bytes]
         if key in self._family_peak:
@@ -51,6 +54,6 @@ class OnlinePredictor:
         return Prediction(avg, peak, heavy_risk=base.heavy_risk or peak > self._heavy_peak_bytes)
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
-        key = (context.family or "", measured.action_class)
+        key = (context.peer_key, measured.action_class)
         self._family_peak[key] = max(self._family_peak.get(key, 0), measured.peak_bytes)
         self._family_avgs[key].append(measured.avg_bytes)

@@ -119,7 +119,7 @@ async def _attempt(runtime: Runtime, sub: Submission, *, speed: float,
     agent = await runtime.create_agent(image=workflow.base_image, family=workflow.family,
                                        task_prompt=workflow.task_prompt,
                                        profile_peak_bytes=workflow.profiled_peak_bytes,
-                                       workflow=sub.instance)
+                                       workflow=sub.instance, task=workflow.task)
     try:
         for step in workflow.steps:
             await runtime.clock.sleep(step.model_wait_s / speed)

@@ -98,6 +98,14 @@ class Workflow(_Strict):
     def profiled_peak_bytes(self) -> int:
         return profiled_peak_bytes(self)
 
+    @property
+    def task(self) -> str:
+        """The task the workflow attempts: `metadata["task"]` when an importer recorded one
+        (attempts at one task share it), else the workflow id. Replayed copies of a workflow
+        share it too."""
+        task = self.metadata.get("task")
+        return task if isinstance(task, str) and task else self.id
+
 
 class TraceHeader(_Strict):
     format: Literal["tenon-trace"] = TRACE_FORMAT

@@ -24,6 +24,8 @@ class AgentState:
     created_at: float
     workflow: str | None = None
     """The caller's name for the workflow this agent runs (predictors key on it)."""
+    task: str | None = None
+    """The task the workflow attempts; predictors share measurements between its attempts."""
     history: list[MeasuredAction] = field(default_factory=list)
     materialized: bool = False  # a first sandbox was made (there is a workspace and record)
     torn_down: bool = False  # the record is committed and no sandbox is live

@@ -220,10 +220,13 @@ class Runtime:
         task_prompt: str | None = None,
         profile_peak_bytes: int | None = None,
         workflow: str | None = None,
+        task: str | None = None,
     ) -> Agent:
         """A new logical agent (one workflow). Baselines that admit per workflow wait here;
         the sandbox itself is materialized when the first action is admitted. `workflow`
-        names the workflow for the predictor (default: the agent id)."""
+        names the workflow for the predictor (default: the agent id); `task` names what it
+        attempts, so predictors learn from other attempts at the same task (default: none,
+        they fall back to the family)."""
         if self._closed:
             raise AgentClosed("the runtime is closed")
         agent_id = agent_id or f"agent-{next(self._ids):05d}"
@@ -231,7 +234,7 @@ class Runtime:
             raise ConfigError(f"agent {agent_id!r} already exists")
         self.workflows.check(profile_peak_bytes)
         state = AgentState(agent_id, image, family, task_prompt, profile_peak_bytes,
-                           created_at=self.clock.now(), workflow=workflow)
+                           created_at=self.clock.now(), workflow=workflow, task=task)
         if self.spec.kind is PolicyKind.AGENTCGROUP:
             if profile_peak_bytes is None:
                 raise ConfigError("the agentcgroup policy needs each workflow's profiled peak")
@@ -299,7 +302,7 @@ class Runtime:
         klass = action_class or classify_action("Bash", command)
         context = ActionContext(state.workflow or state.agent_id, command, klass,
                                 len(state.history), state.family, state.task_prompt,
-                                tuple(state.history))
+                                tuple(state.history), state.task)
         prediction = self.predictor.predict(context)
         action_id = f"{state.agent_id}-a{len(state.history) + 1:04d}"
         action = RunningAction(action_id, state.agent_id, prediction, 0, ready_at,
