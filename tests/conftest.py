@@ -22,3 +22,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             f"{item.nodeid} needs {', '.join(needs)} and was skipped while CI=true: "
             f"{report.longrepr}"
         )
+
+
+_docker_problem: list[str | None] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked docker skips, naming why, when no Docker Engine answers (in CI that
+    skip is a failure, see above)."""
+    if item.get_closest_marker("docker") is None:
+        return
+    if not _docker_problem:
+        from tenon.errors import BackendUnavailable
+        from tenon.sandbox.docker import connect
+
+        try:
+            connect(timeout_s=5).close()
+            _docker_problem.append(None)
+        except BackendUnavailable as exc:
+            _docker_problem.append(str(exc))
+    if _docker_problem[0] is not None:
+        pytest.skip(_docker_problem[0])

@@ -14,6 +14,7 @@ from tenon.policy import (
     decide_gate,
 )
 from tenon.policy.gate import gate_demand_bytes
+from tenon.policy.residency import IdleSandbox
 
 from .factories import MIB, make_estimate, make_idle, make_request
 
@@ -59,8 +60,10 @@ def test_gate_invariants(items, level, headroom, b, denied_since, free, caps) ->
         for s in d.allowed:
             outgrown = s in caps and caps[s] <= 0 and ests[s].rate_bytes_per_s is not None
             if s in denied_since and outgrown and demand[s] > headroom:
-                # Released only by liveness: alone among growers, overdue, no room to make.
-                assert not [o for o in d.allowed if o != s and demand[o] > 0]
+                # Released only by liveness: alone among running growers (a start not yet
+                # launched has no measured rate and waits for room too), overdue, no room.
+                assert not [o for o in d.allowed if o != s and demand[o] > 0
+                            and ests[o].allowed and ests[o].rate_bytes_per_s is not None]
                 assert now - denied_since[s] >= CONFIG.overdue_after_s
         return
     positive = [s for s in d.allowed if demand[s] > 0]
@@ -151,6 +154,18 @@ def test_heavy_never_starved_by_light_stream(light_mib, light_duration_steps, he
         if heavy_admitted_at is not None:
             break
     assert heavy_admitted_at is not None
+
+
+def test_reclaim_takes_the_youngest_workflow_first_then_the_largest() -> None:
+    """Admission serves the oldest workflow first: the youngest's sandbox idles longest."""
+    old_big = IdleSandbox("old-big", 500 * MIB, True, workflow_since=1.0)
+    young_small = IdleSandbox("young-small", 50 * MIB, True, workflow_since=9.0)
+    young_big = IdleSandbox("young-big", 80 * MIB, True, workflow_since=9.0)
+    boxes = [old_big, young_small, young_big]
+    assert choose_reclaim(boxes, Pressure.YELLOW, 60 * MIB) == ["young-big"]
+    assert choose_reclaim(boxes, Pressure.RED, 100 * MIB) == ["young-big", "young-small"]
+    assert choose_reclaim(boxes, Pressure.RED, 200 * MIB) == [
+        "young-big", "young-small", "old-big"]
 
 
 @given(

@@ -155,6 +155,24 @@ def test_admission_serves_the_oldest_workflow_first_then_readiness() -> None:
         "new-1"]
 
 
+def test_a_heavy_action_is_charged_its_predicted_peak_and_a_second_waits_for_room() -> None:
+    """In an empty window the water level charges about the average. A heavy action's start
+    waits for its peak, so at that charge light work and a second heavy one whose peak
+    cannot fit beside it were admitted into the room it needs."""
+    gib = 1024 * MIB
+    ctl = AdmissionController(make_config(), window_bytes=3 * gib)
+    ctl.submit(make_request("test-1", "w-a", 180 * MIB, 1600 * MIB, ready_at=0.0))
+    ctl.submit(make_request("test-2", "w-b", 180 * MIB, 1800 * MIB, ready_at=0.5))
+    ctl.submit(make_request("light", "w-c", 100 * MIB, 100 * MIB, ready_at=1.0))
+    decisions = ctl.decide(now=2.0, headroom_bytes=3 * gib)
+    assert [(d.action_id, d.heavy) for d in decisions] == [("test-1", True), ("light", False)]
+    assert decisions[0].charge_bytes == 1600 * MIB
+    assert ctl.decide(now=3.0, headroom_bytes=3 * gib) == []  # 1.8 GiB does not fit beside
+    ctl.release("test-1")
+    assert [d.charge_bytes for d in ctl.decide(now=4.0, headroom_bytes=3 * gib)] == [
+        1800 * MIB]
+
+
 def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:
     ctl = AdmissionController(make_config(), window_bytes=150 * MIB)
     ctl.submit(make_request("late", "w-a", 100 * MIB, 100 * MIB, ready_at=2.0))

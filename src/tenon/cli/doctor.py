@@ -48,10 +48,10 @@ def _psi_check() -> Check:
 
 
 def _docker_checks(image: str) -> list[Check]:
-    try:
-        import docker
+    from tenon.sandbox.docker import connect
 
-        client = docker.from_env(timeout=5)
+    try:
+        client = connect(timeout_s=5)
         version = client.version().get("Version", "?")
     except Exception as exc:
         return [Check("Docker Engine", False, f"not answering ({type(exc).__name__})",
@@ -62,6 +62,8 @@ def _docker_checks(image: str) -> list[Check]:
         checks.append(Check(f"docker image {image}", True, "present"))
     except Exception:
         checks.append(Check(f"docker image {image}", False, "missing", "tenon image build"))
+    finally:
+        client.close()
     return checks
 
 

@@ -9,6 +9,7 @@ from tenon.policy.admission import (
     AdmitDecision,
     ChargeNotHeld,
     Prediction,
+    admission_charge,
     water_level_charge,
 )
 from tenon.policy.baselines import PolicyKind, PolicySpec, parse_policy
@@ -60,5 +61,6 @@ __all__ = [
     "parse_policy",
     "rebuild_decision",
     "residency_decision",
+    "admission_charge",
     "water_level_charge",
 ]

@@ -134,6 +134,16 @@ class PolicyConfig(BaseModel):
     lifecycle_limit: int = Field(
         default=2, ge=1, description="At most this many teardowns/rebuilds in flight at once."
     )
+    reclaim_min_idle_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        description=(
+            "Under yellow, a sandbox in a model wait is reclaimed only if its agent's next "
+            "action is predicted at least this far off; one whose next action is queued for "
+            "admission always may be, and red reclaims any. On the 8x replay the median "
+            "torn-down sandbox was rebuilt 0.23 s later: 2,331 teardowns for little memory."
+        ),
+    )
     teardown_cost_s: float = Field(
         default=1.0, ge=0.0, description="Expected time to capture and destroy an idle sandbox."
     )

@@ -59,6 +59,9 @@ class IdleSandbox:
     """False means resident_only: it may be gated but never torn down."""
     predicted_wait_s: float = 0.0
     """Predicted time until the agent's next action is ready (the model wait)."""
+    workflow_since: float = 0.0
+    """When the agent's workflow started. Admission serves the oldest workflow first, so
+    the youngest workflows' sandboxes are the ones that will sit idle the longest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +114,16 @@ def residency_decision(
     )
 
 
-def reclaim_key(box: IdleSandbox) -> tuple[int, str]:
-    """Victim order: largest working set first, then stable id."""
-    return (-box.working_set_bytes, box.sandbox_id)
+def reclaim_key(box: IdleSandbox) -> tuple[float, int, str]:
+    """Victim order: the youngest workflow first, then the largest working set, then id.
+
+    The youngest workflow is the last that admission serves, so its sandbox stays idle the
+    longest: the memory a teardown frees stays free, and the rebuild is a long way off.
+    Largest-first took whichever agent had just finished an action, whose next one was
+    ready a third of a second later: on the 8x replay 2,331 teardowns, as many rebuilds,
+    a median of 0.23 s between them, and 137 CPU-seconds of a 2-core host.
+    """
+    return (-box.workflow_since, -box.working_set_bytes, box.sandbox_id)
 
 
 def choose_reclaim(
@@ -123,7 +133,8 @@ def choose_reclaim(
     *,
     max_count: int | None = None,
 ) -> list[str]:
-    """Restartable idle sandboxes to tear down, largest first, until `needed_bytes`.
+    """Restartable idle sandboxes to tear down in `reclaim_key` order (youngest workflow
+    first) until `needed_bytes`.
 
     Nothing under green; never a resident_only sandbox; at most `max_count`
     (pass the free lifecycle slots).

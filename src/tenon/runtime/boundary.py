@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tenon.errors import RecoveryError
-from tenon.policy.admission import ActionRequest, AdmitDecision, past_peak_charge
+from tenon.policy.admission import (
+    ActionRequest,
+    AdmitDecision,
+    admission_charge,
+    is_heavy,
+    past_peak_charge,
+)
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.policy.residency import (
     IdleSandbox,
@@ -126,18 +132,28 @@ class Boundary:
                            admitted_total_bytes=rt.admission.admitted_total_bytes)
 
     def reclaimable_bytes(self) -> int:
-        """Memory that can come back without a held grower running: what idle restartable
-        sandboxes hold, and sandboxes whose teardown is in flight (no reads: an idle
-        sandbox holds what it held when its last action ended)."""
+        """Memory that can come back without a held grower running: what reclaim candidates
+        hold, and sandboxes whose teardown is in flight (no reads: an idle sandbox holds
+        what it held when its last action ended)."""
         rt = self._rt
         if not rt.spec.use_residency:
             return 0
-        return sum(s.idle_bytes for s in rt.agents.values()
-                   if (s.idle and s.restartable) or (s.lifecycle is not None and not s.torn_down))
+        in_flight = sum(s.idle_bytes for s in rt.agents.values()
+                        if s.lifecycle is not None and not s.torn_down)
+        return in_flight + sum(s.idle_bytes for s in self._reclaim_candidates())
 
     def _reclaimable(self) -> bool:
-        return self._rt.spec.use_residency and any(
-            s.idle and s.restartable for s in self._rt.agents.values())
+        return self._rt.spec.use_residency and any(True for _ in self._reclaim_candidates())
+
+    def _reclaim_candidates(self) -> list[AgentState]:
+        """Agents whose resident sandbox may be torn down now: restartable, between
+        actions (in a model wait) or with the next action still queued for admission (its
+        sandbox runs nothing until then, and a queued action may wait long)."""
+        rt = self._rt
+        queued = {action.agent_id for action, _ in self._waiting.values()}
+        return [s for s in rt.agents.values() if s.restartable and (s.idle or (
+            s.agent_id in queued and s.materialized and not s.torn_down and not s.closed
+            and s.lifecycle is None and s.failed_reason is None))]
 
     # -- sandboxes ------------------------------------------------------------------
 
@@ -198,7 +214,7 @@ class Boundary:
         state.idle_bytes = last_usage
         pressure = rt.pressure_now()
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
-                          state.predicted_wait_s or 0.0)
+                          state.predicted_wait_s or 0.0, state.created_at)
         decision = residency_decision(ResidencySnapshot(box, pressure.level, rt.lifecycle.slots),
                                       rt.clock.now(), rt.config)
         rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
@@ -209,13 +225,15 @@ class Boundary:
         if pressure.level is Pressure.GREEN:
             self._start_teardown(state, why=decision.reason)
         else:
-            # Under pressure the idle sandboxes compete: the largest go first, as many as
-            # the physical deficit needs, this one included if it is among them.
+            # Under pressure the idle sandboxes compete: the youngest workflows' go first
+            # (they wait longest for admission), as many as the physical deficit needs,
+            # this one included if it is among them.
             self.reclaim(pressure)
 
     def reclaim(self, pressure: PressureState) -> None:
         """Under yellow or red, or under green while starts or growers are held past overdue,
-        tear down restartable idle sandboxes, largest first, until the physical headroom
+        tear down restartable idle sandboxes (`_reclaim_candidates`: also those whose next
+        action is still queued), youngest workflow first, until the physical headroom
         covers the yellow line plus what waiting work needs.
 
         The deficit is physical: H against the line plus the gate's demand of actions held
@@ -238,16 +256,25 @@ class Boundary:
             # those doubled the teardowns of the 8x replay).
             # Growers held past overdue (green keeps one that outgrew its prediction held
             # while its demand exceeds H) get room the same way.
+            # So does a queued action past overdue whose charge fits the logical window but
+            # not the physical headroom, when nothing runs that could free it room: idle
+            # sandboxes would otherwise keep it queued for as long as they stay idle. (With
+            # actions running, their ends free room; reclaiming there made 900 teardowns in
+            # the simulated 8x replay.)
             overdue = rt.config.overdue_after_s
             held = [a for a in held if a.held_since is not None
                     and now - a.held_since >= overdue]
-            if not held and not (rt.spec.use_gate and rt.execution.starving_demand_bytes(
-                    rt.actions.values(), now)):
+            stuck = 0 if rt.actions else self._stuck_charge(pressure.headroom_bytes, now)
+            if not held and not stuck and not (rt.spec.use_gate and
+                                               rt.execution.starving_demand_bytes(
+                                                   rt.actions.values(), now)):
                 return
             level = Pressure.YELLOW
+        else:
+            stuck = 0
         budget = rt.domain.budget_bytes or 0
         green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
-        waiting = sum(rt.execution.start_demand_bytes(a) for a in held)
+        waiting = stuck + sum(rt.execution.start_demand_bytes(a) for a in held)
         if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
             waiting += rt.execution.starving_demand_bytes(rt.actions.values(), now)
         if rt.admission is not None and pressure.level is not Pressure.GREEN:
@@ -261,12 +288,53 @@ class Boundary:
         needed = int(green_line + waiting - pressure.headroom_bytes) + 1
         if needed <= 0:
             return
-        idle = [IdleSandbox(s.agent_id, s.idle_bytes, True) for s in rt.agents.values()
-                if s.idle and s.restartable]
-        chosen = choose_reclaim(idle, level, needed, max_count=rt.lifecycle.slots.num_free)
-        why = pressure.level.name.lower() + (": held starts" if level != pressure.level else "")
+        # A sandbox whose agent is back in a third of a second frees nothing worth a
+        # teardown and a rebuild; one whose action is queued is known to be waiting. Under
+        # yellow only those go; under red, or for work held past overdue, the others follow.
+        queued = {action.agent_id for action, _ in self._waiting.values()}
+        min_idle = rt.config.reclaim_min_idle_s
+        tiers: list[list[IdleSandbox]] = [[], []]
+        for s in self._reclaim_candidates():
+            long_idle = s.agent_id in queued or self._idle_for(s, now) >= min_idle
+            tiers[0 if long_idle else 1].append(
+                IdleSandbox(s.agent_id, s.idle_bytes, True, workflow_since=s.created_at))
+        if pressure.level is Pressure.YELLOW:
+            tiers.pop()
+        chosen: list[str] = []
+        by_id = {b.sandbox_id: b for tier in tiers for b in tier}
+        for tier in tiers:
+            left = needed - sum(by_id[c].working_set_bytes for c in chosen)
+            chosen += choose_reclaim(tier, level, left,
+                                     max_count=rt.lifecycle.slots.num_free - len(chosen))
+        why = pressure.level.name.lower() + (": held or stuck work" if level != pressure.level
+                                             else "")
         for agent_id in chosen:
             self._start_teardown(rt.agents[agent_id], why=f"{why}: reclaim for {needed} B")
+
+    @staticmethod
+    def _idle_for(state: AgentState, now: float) -> float:
+        """How much longer the agent's model wait is predicted to last (0 if unknown)."""
+        if state.predicted_wait_s is None or state.last_done_at is None:
+            return 0.0
+        return state.last_done_at + state.predicted_wait_s - now
+
+    def _stuck_charge(self, headroom_bytes: int, now: float) -> int:
+        """The charge of the first queued action, ready past overdue, that the logical
+        window would take but the physical headroom cannot (0 if there is none)."""
+        admission = self._rt.admission
+        if admission is None:
+            return 0
+        overdue = self._rt.config.overdue_after_s
+        for request in admission.queued:
+            if now - request.ready_at < overdue:
+                continue
+            charge = admission_charge(request.prediction, admission.admitted_total_bytes,
+                                      admission.window_bytes,
+                                      heavy=is_heavy(request.prediction, self._rt.config))
+            fits_window = admission.admitted_total_bytes + charge <= admission.window_bytes
+            if fits_window and charge > headroom_bytes:
+                return charge
+        return 0
 
     def _start_teardown(self, state: AgentState, *, why: str) -> None:
         if not self._rt.lifecycle.try_acquire():

@@ -72,28 +72,36 @@ def _sha256(path: Path) -> str:
 
 def _docker_import(tar_path: Path, name: str) -> bool:
     """Import the tarball into a local Docker Engine; False when none answers."""
-    try:
-        import docker
+    from tenon.sandbox.docker import connect
 
-        client = docker.from_env(timeout=300)
-        client.ping()
-    except Exception as exc:
+    try:
+        client = connect(timeout_s=300)
+    except BackendUnavailable as exc:
         logger.warning("no Docker Engine answers (%s); skipping docker import", exc)
         return False
     repository, _, tag = name.partition(":")
-    with tar_path.open("rb") as f:
-        client.api.import_image_from_data(f, repository=repository, tag=tag or "latest")
-    client.images.get(name)
+    try:
+        with tar_path.open("rb") as f:
+            client.api.import_image_from_data(f, repository=repository, tag=tag or "latest")
+        client.images.get(name)
+    finally:
+        client.close()
     return True
 
 
 def _docker_has(name: str) -> bool:
-    try:
-        import docker
+    from tenon.sandbox.docker import connect
 
-        docker.from_env(timeout=10).images.get(name)
+    try:
+        client = connect(timeout_s=10)
+    except BackendUnavailable:
+        return False
+    try:
+        client.images.get(name)
     except Exception:
         return False
+    finally:
+        client.close()
     return True
 
 
