@@ -350,6 +350,31 @@ def test_the_predictor_sees_the_callers_workflow_name_and_the_history(tmp_path: 
     assert seen == [("repo__task-1#2", 0), ("repo__task-1#2", 1), (plain_id, 0)]
 
 
+def test_the_predictor_sees_the_issued_command_not_its_stand_in(tmp_path: Path) -> None:
+    """A replay runs a load program in place of the agent's command; its arguments are
+    the figures being predicted, so the predictor must never see them."""
+    seen: list[tuple[str, tuple[str, ...], str | None]] = []
+
+    class Recording:
+        name = "recording"
+
+        def predict(self, context):
+            seen.append((context.command, tuple(m.command for m in context.history),
+                         context.task))
+            return FixedPredictor(10 * MIB, 20 * MIB).predict(context)
+
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim", task="repo__task-1")
+        first = await agent.run(load(5, 10, 0.2), timeout=60, issued_command="pytest -x")
+        await agent.run(load(5, 10, 0.2), timeout=60, issued_command="git diff")
+        return first
+
+    first = run_with_runtime(tmp_path, body, predictor=Recording())
+    assert seen == [("pytest -x", (), "repo__task-1"), ("git diff", ("pytest -x",), "repo__task-1")]
+    assert first.action_class == "test_runner"  # classified from the issued command
+    assert first.outcome is Outcome.OK  # and the stand-in is what ran
+
+
 def test_work_queued_behind_a_full_window_does_not_tear_down_idle_sandboxes(
     tmp_path: Path,
 ) -> None:
@@ -416,6 +441,52 @@ def test_an_action_queued_for_room_that_idle_sandboxes_hold_gets_it_under_green(
     assert 3.0 <= result.queued_s < 6.0  # overdue, then a teardown's time
     assert [t["agent_id"] for t in teardowns] == ["agent-00001"]
     assert "stuck" in teardowns[0]["why"]
+
+
+class _LearnsHeavy:
+    """Exact figures from the command, until an action above 1 GiB was observed: from then
+    on every light action is expected to peak at 1.5 GiB (a peer's test run was heavy)."""
+
+    name = "learns-heavy"
+
+    def __init__(self) -> None:
+        self.heavy_seen = False
+
+    def predict(self, context: Any) -> Prediction:
+        avg, peak = (int(x) for x in context.command.split()[1:3])
+        if self.heavy_seen and peak < GIB:
+            return Prediction(avg, 1536 * MIB, heavy_risk=True)
+        return Prediction(avg, peak)
+
+    def observe(self, context: Any, measured: Any) -> None:
+        self.heavy_seen = self.heavy_seen or measured.peak_bytes > GIB
+
+
+def test_a_queued_action_is_predicted_again_after_a_heavy_run_is_observed(
+    tmp_path: Path,
+) -> None:
+    """Predicted light when it became ready, queued behind a full window while a peer's
+    heavy run completes: it is admitted as heavy (charged its new peak), not as predicted
+    a while ago."""
+    async def body(rt, domain, backend, clock):
+        heavy, filler, queued = [await rt.create_agent(image="sim") for _ in range(3)]
+        runs = [asyncio.ensure_future(heavy.run(load(1200, 1200, 2.0), timeout=60)),
+                asyncio.ensure_future(filler.run(load(700, 700, 10.0), timeout=60))]
+        await clock.sleep(0.5)
+        # 1,900 MiB of the 2 GiB window is charged: 200 MiB more does not fit
+        result = await queued.run(load(200, 200, 1.0), timeout=60)
+        await asyncio.gather(*runs)
+        admit = next(e for e in rt.events.of_kind("admit")
+                     if e["action_id"] == result.action_id)
+        return result, admit, rt.events.of_kind("repredict")
+
+    result, admit, repredicted = run_with_runtime(tmp_path, body, budget_bytes=2 * GIB,
+                                                  predictor=_LearnsHeavy())
+    assert result.outcome is Outcome.OK
+    assert [e["action_id"] for e in repredicted] == [result.action_id]
+    assert admit["heavy"]
+    assert admit["charge_bytes"] >= 1536 * MIB
+    assert result.queued_s > 8.0  # it waited for the filler, not just for the heavy run
 
 
 class _ByPeak:

@@ -126,7 +126,8 @@ async def _attempt(runtime: Runtime, sub: Submission, *, speed: float,
             action = step.action
             result = await agent.run(action_command(action, speed=speed, sim=sim),
                                      timeout=action_timeout_s(action, speed),
-                                     action_class=action.action_class)
+                                     action_class=action.action_class,
+                                     issued_command=action.command)
             if result.outcome.fails_attempt or result.outcome is Outcome.TIMEOUT:
                 return result.outcome
         return None

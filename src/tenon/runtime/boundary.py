@@ -69,6 +69,38 @@ class Boundary:
                 self.release(action)  # admitted just as the caller gave up
             raise
 
+    def repredict_queued(self) -> None:
+        """Predict every queued action again: the predictor just learned something large.
+
+        An action is predicted once, when it becomes ready; at 8x one may then queue for a
+        minute. A peer's heavy run (or OOM kill) observed meanwhile did not reach it: in a
+        real 8x replay with the forest, two copies of a test step that had just been killed
+        in another copy were still admitted as 50 MiB actions. Only large observations call
+        this, so the admission path does not pay a prediction per queued action per action.
+        """
+        rt = self._rt
+        if rt.admission is None:
+            return
+        changed = False
+        for action_id, (action, future) in list(self._waiting.items()):
+            if future.done() or action.context is None:
+                continue
+            prediction = rt.predictor.predict(action.context)
+            if prediction == action.prediction or not rt.admission.withdraw(action_id):
+                continue
+            state = rt.agents.get(action.agent_id)
+            action.prediction = prediction
+            rt.admission.submit(ActionRequest(action_id, action.agent_id, prediction,
+                                              action.ready_at,
+                                              None if state is None else state.created_at))
+            rt.events.emit("repredict", action_id=action_id, agent_id=action.agent_id,
+                           predicted_avg_bytes=prediction.avg_bytes,
+                           predicted_peak_bytes=prediction.peak_bytes,
+                           heavy=is_heavy(prediction, rt.config))
+            changed = True
+        if changed:
+            self.pump()
+
     def release(self, action: RunningAction) -> None:
         """Release the action's charge; called exactly once per admitted action."""
         rt = self._rt

@@ -106,11 +106,18 @@ class Agent:
         timeout: float,  # noqa: ASYNC109 - the action's timeout, enforced by the backend
         action_class: str | None = None,
         max_output_bytes: int = 65536,
+        issued_command: str | None = None,
     ) -> ActionResult:
-        """Run one action; returns its output, exit code, outcome and memory figures."""
+        """Run one action; returns its output, exit code, outcome and memory figures.
+
+        `issued_command` is the command the agent issued when `command` is a stand-in for
+        it (the replay's load program reproduces a recorded action's memory): predictors
+        and the workflow's history see the issued command, never the stand-in, whose
+        arguments are the very figures being predicted.
+        """
         return await self._runtime.run_action(
             self._state, command, timeout_s=timeout, action_class=action_class,
-            max_output_bytes=max_output_bytes,
+            max_output_bytes=max_output_bytes, issued_command=issued_command,
         )
 
     async def close(self, *, delete_workspace: bool = True) -> None:
@@ -279,6 +286,7 @@ class Runtime:
         timeout_s: float,
         action_class: str | None,
         max_output_bytes: int,
+        issued_command: str | None = None,
     ) -> ActionResult:
         if state.closed or self._closed:
             raise AgentClosed(f"agent {state.agent_id} is closed")
@@ -291,16 +299,17 @@ class Runtime:
         state.busy = True
         try:
             return await self._run_action(state, command, timeout_s, action_class,
-                                          max_output_bytes)
+                                          max_output_bytes, issued_command or command)
         finally:
             state.busy = False
 
     async def _run_action(self, state: AgentState, command: str, timeout_s: float,
-                          action_class: str | None, max_output_bytes: int) -> ActionResult:
+                          action_class: str | None, max_output_bytes: int,
+                          issued_command: str) -> ActionResult:
         ready_at = self.clock.now()
         state.note_ready(ready_at)
-        klass = action_class or classify_action("Bash", command)
-        context = ActionContext(state.workflow or state.agent_id, command, klass,
+        klass = action_class or classify_action("Bash", issued_command)
+        context = ActionContext(state.workflow or state.agent_id, issued_command, klass,
                                 len(state.history), state.family, state.task_prompt,
                                 tuple(state.history), state.task)
         prediction = self.predictor.predict(context)
@@ -308,7 +317,8 @@ class Runtime:
         action = RunningAction(action_id, state.agent_id, prediction, 0, ready_at,
                                profiled_peak_bytes=(state.profile_peak_bytes
                                                     if state.agentcgroup_class is not None
-                                                    else None))
+                                                    else None),
+                               context=context)
         self.events.emit("action_ready", action_id=action_id, agent_id=state.agent_id,
                          action_class=klass, predicted_avg_bytes=prediction.avg_bytes,
                          predicted_peak_bytes=prediction.peak_bytes,
@@ -389,12 +399,14 @@ class Runtime:
             outcome = Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
         if outcome.fails_attempt:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
-        measured = MeasuredAction(klass, avg, peak, end - start, command,
+        measured = MeasuredAction(klass, avg, peak, end - start, context.command,
                                   oom_killed=outcome is Outcome.OOM_KILLED)
         state.history.append(measured)
         observe = getattr(self.predictor, "observe", None)
         if observe is not None and outcome is not Outcome.SANDBOX_DIED:
             observe(context, measured)
+            if measured.oom_killed or measured.peak_bytes > self.config.heavy_peak_bytes:
+                self.boundary.repredict_queued()
         state.note_done(end)
         self.events.emit("action_done", action_id=action.action_id, agent_id=state.agent_id,
                          outcome=outcome.value, exit_code=None if result is None

@@ -23,6 +23,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.policy.gate import GateController, GateDecision, gate_demand_bytes
 from tenon.policy.growth import GrowthEstimate, SandboxSample
 from tenon.policy.pressure import Pressure, PressureState, classify_pressure
+from tenon.predict.base import ActionContext
 from tenon.runtime.events import EventLog
 from tenon.runtime.results import ActionStats
 from tenon.sandbox.base import DomainMeter, SandboxMeter
@@ -50,6 +51,7 @@ class RunningAction:
     profiled_peak_bytes: int | None = None  # AgentCgroup class input
     throttled: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    context: ActionContext | None = None  # what it was predicted from (re-predicted queued)
 
     done: bool = False  # its exec returned: the gate no longer touches its sandbox
     launched: bool = False  # its exec began (before that it waits for the gate: pending)
