@@ -173,6 +173,16 @@ def test_a_heavy_action_is_charged_its_predicted_peak_and_a_second_waits_for_roo
         1800 * MIB]
 
 
+def test_admission_never_holds_more_than_the_action_cap() -> None:
+    ctl = AdmissionController(make_config(max_admitted_actions=2), window_bytes=1 << 40)
+    for i in range(4):
+        ctl.submit(make_request(f"a-{i}", f"w-{i}", 10 * MIB, 10 * MIB, ready_at=float(i)))
+    assert [d.action_id for d in ctl.decide(now=5.0, headroom_bytes=1 << 40)] == ["a-0", "a-1"]
+    assert ctl.decide(now=6.0, headroom_bytes=1 << 40) == []
+    ctl.release("a-0")
+    assert [d.action_id for d in ctl.decide(now=7.0, headroom_bytes=1 << 40)] == ["a-2"]
+
+
 def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:
     ctl = AdmissionController(make_config(), window_bytes=150 * MIB)
     ctl.submit(make_request("late", "w-a", 100 * MIB, 100 * MIB, ready_at=2.0))

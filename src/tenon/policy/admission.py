@@ -220,6 +220,9 @@ class AdmissionController:
         decisions: list[AdmitDecision] = []
         physical_left = max(headroom_bytes, 0)
         reserved = 0.0
+        cap = self._config.max_admitted_actions
+        if cap is not None and len(self._charges) >= cap:
+            return decisions
         head = self._heavy_head(now)
         if head is not None:
             self._credit_since.setdefault(head.action_id, now)
@@ -241,7 +244,9 @@ class AdmissionController:
             charge = water_level_charge(
                 req.prediction, self._admitted_total_bytes, self._window_bytes
             )
-            if self._fits(charge, reserved, physical_left) is None:
+            if cap is not None and len(self._charges) >= cap:
+                remaining.append(req)
+            elif self._fits(charge, reserved, physical_left) is None:
                 decisions.append(self._admit(req, charge, False, "light: fits"))
                 physical_left -= charge
             else:

@@ -85,6 +85,16 @@ class PolicyConfig(BaseModel):
         gt=0,
         description="Admission water-level window W; None means equal to the budget.",
     )
+    max_admitted_actions: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "At most this many admitted actions at once; None means memory alone limits "
+            "them. Memory is not a host's only resource: on 2 cores the Docker daemon "
+            "serving 50-60 concurrent execs made a 0.05 s action take 5 s and the control "
+            "loop tick at a third of its rate."
+        ),
+    )
     heavy_peak_bytes: int = Field(
         default=1024 * MIB,
         ge=0,

@@ -316,6 +316,9 @@ class Boundary:
             queued = sum(r.prediction.avg_bytes for r in rt.admission.queued
                          if r.ready_at <= now)
             room = rt.admission.window_bytes - rt.admission.admitted_total_bytes
+            cap = rt.config.max_admitted_actions
+            if cap is not None and len(rt.admission.charges) >= cap:
+                room = 0  # none of it may be admitted before an action ends
             waiting += min(queued, max(room, 0))
         needed = int(green_line + waiting - pressure.headroom_bytes) + 1
         if needed <= 0:
