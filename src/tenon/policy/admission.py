@@ -15,7 +15,7 @@ After the logical check, a charge must also fit the physical headroom H.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tenon.errors import TenonError
 from tenon.policy.config import PolicyConfig
@@ -156,6 +156,37 @@ class AdmissionController:
         # through teardown and rebuild; serving the oldest workflow first drains them.
         queue.sort(key=lambda r: r.queue_key)
 
+    @property
+    def at_capacity(self) -> bool:
+        """As many actions are admitted as `max_admitted_actions` allows."""
+        cap = self._config.max_admitted_actions
+        return cap is not None and len(self._charges) >= cap
+
+    def update_prediction(self, action_id: str, prediction: Prediction) -> bool:
+        """Give a queued action a new prediction (it may move between the light and heavy
+        queues); False if it is not queued."""
+        for queue in (self._heavy, self._light):
+            for req in queue:
+                if req.action_id == action_id:
+                    self.withdraw(action_id)
+                    self.submit(replace(req, prediction=prediction))
+                    return True
+        return False
+
+    def stuck_charge(self, now: float, headroom_bytes: int, *, waited_s: float) -> int:
+        """The charge of the first queued action, ready at least `waited_s`, that the
+        logical window would take but `headroom_bytes` cannot (0 if there is none)."""
+        for req in self.queued:
+            if now - req.ready_at < waited_s:
+                continue
+            charge = admission_charge(req.prediction, self._admitted_total_bytes,
+                                      self._window_bytes,
+                                      heavy=is_heavy(req.prediction, self._config))
+            fits_window = self._admitted_total_bytes + charge <= self._window_bytes
+            if fits_window and charge > headroom_bytes:
+                return charge
+        return 0
+
     def withdraw(self, action_id: str) -> bool:
         """Drop a queued, not yet admitted action (its caller gave up); False if not queued."""
         for queue in (self._heavy, self._light):
@@ -220,8 +251,7 @@ class AdmissionController:
         decisions: list[AdmitDecision] = []
         physical_left = max(headroom_bytes, 0)
         reserved = 0.0
-        cap = self._config.max_admitted_actions
-        if cap is not None and len(self._charges) >= cap:
+        if self.at_capacity:
             return decisions
         head = self._heavy_head(now)
         if head is not None:
@@ -244,7 +274,7 @@ class AdmissionController:
             charge = water_level_charge(
                 req.prediction, self._admitted_total_bytes, self._window_bytes
             )
-            if cap is not None and len(self._charges) >= cap:
+            if self.at_capacity:
                 remaining.append(req)
             elif self._fits(charge, reserved, physical_left) is None:
                 decisions.append(self._admit(req, charge, False, "light: fits"))

@@ -62,6 +62,8 @@ class IdleSandbox:
     workflow_since: float = 0.0
     """When the agent's workflow started. Admission serves the oldest workflow first, so
     the youngest workflows' sandboxes are the ones that will sit idle the longest."""
+    queued: bool = False
+    """Its agent's next action is ready and waiting for admission (known to be waiting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +134,29 @@ def choose_reclaim(
     needed_bytes: int,
     *,
     max_count: int | None = None,
+    min_idle_s: float = 0.0,
+    spare_short_waits: bool = False,
 ) -> list[str]:
-    """Restartable idle sandboxes to tear down in `reclaim_key` order (youngest workflow
-    first) until `needed_bytes`.
+    """Restartable idle sandboxes to tear down until `needed_bytes`: first those that will
+    wait long (queued for admission, or predicted away at least `min_idle_s`), then the
+    others, each in `reclaim_key` order (youngest workflow first). A sandbox whose agent
+    is back in a third of a second frees nothing worth a teardown and a rebuild; with
+    `spare_short_waits` (the caller passes it under yellow) those are not taken at all.
 
     Nothing under green; never a resident_only sandbox; at most `max_count`
     (pass the free lifecycle slots).
     """
     if pressure is Pressure.GREEN or needed_bytes <= 0:
         return []
+
+    def waits_long(box: IdleSandbox) -> bool:
+        return box.queued or box.predicted_wait_s >= min_idle_s
+
+    boxes = [b for b in idle_sandboxes
+             if b.restartable and (waits_long(b) or not spare_short_waits)]
     chosen: list[str] = []
     freed_bytes = 0
-    for box in sorted((b for b in idle_sandboxes if b.restartable), key=reclaim_key):
+    for box in sorted(boxes, key=lambda b: (not waits_long(b), reclaim_key(b))):
         if freed_bytes >= needed_bytes or (max_count is not None and len(chosen) >= max_count):
             break
         chosen.append(box.sandbox_id)

@@ -33,8 +33,8 @@ class OnlinePredictor:
         if heavy_peak_bytes is None:
             heavy_peak_bytes = getattr(base, "heavy_peak_bytes", 1024 * 1024 * 1024)
         self._heavy_peak_bytes = heavy_peak_bytes
-        self._family_peak: dict[tuple[str, str], int] = {}
-        self._family_avgs: dict[tuple[str, str], list[int]] = defaultdict(list)
+        self._peer_peak: dict[tuple[str, str], int] = {}
+        self._peer_avgs: dict[tuple[str, str], list[int]] = defaultdict(list)
 
     def predict(self, context: ActionContext) -> Prediction:
         base = self._base.predict(context)
@@ -43,10 +43,10 @@ class OnlinePredictor:
         key = (context.peer_key, klass)
         peaks = [base.peak_bytes, *(m.peak_bytes for m in own)]
         avgs = [base.avg_bytes]
-        if key in self._family_peak:
-            peaks.append(self._family_peak[key])
-            family_avgs = self._family_avgs[key]
-            avgs.append(sum(family_avgs) // len(family_avgs))
+        if key in self._peer_peak:
+            peaks.append(self._peer_peak[key])
+            peer_avgs = self._peer_avgs[key]
+            avgs.append(sum(peer_avgs) // len(peer_avgs))
         if own:
             avgs.append(sum(m.avg_bytes for m in own) // len(own))
         peak = max(peaks)
@@ -55,5 +55,5 @@ class OnlinePredictor:
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
         key = (context.peer_key, measured.action_class)
-        self._family_peak[key] = max(self._family_peak.get(key, 0), measured.peak_bytes)
-        self._family_avgs[key].append(measured.avg_bytes)
+        self._peer_peak[key] = max(self._peer_peak.get(key, 0), measured.peak_bytes)
+        self._peer_avgs[key].append(measured.avg_bytes)

@@ -15,7 +15,6 @@ from tenon.errors import RecoveryError
 from tenon.policy.admission import (
     ActionRequest,
     AdmitDecision,
-    admission_charge,
     is_heavy,
     past_peak_charge,
 )
@@ -86,13 +85,10 @@ class Boundary:
             if future.done() or action.context is None:
                 continue
             prediction = rt.predictor.predict(action.context)
-            if prediction == action.prediction or not rt.admission.withdraw(action_id):
+            if (prediction == action.prediction
+                    or not rt.admission.update_prediction(action_id, prediction)):
                 continue
-            state = rt.agents.get(action.agent_id)
             action.prediction = prediction
-            rt.admission.submit(ActionRequest(action_id, action.agent_id, prediction,
-                                              action.ready_at,
-                                              None if state is None else state.created_at))
             rt.events.emit("repredict", action_id=action_id, agent_id=action.agent_id,
                            predicted_avg_bytes=prediction.avg_bytes,
                            predicted_peak_bytes=prediction.peak_bytes,
@@ -172,18 +168,20 @@ class Boundary:
             return 0
         in_flight = sum(s.idle_bytes for s in rt.agents.values()
                         if s.lifecycle is not None and not s.torn_down)
-        return in_flight + sum(s.idle_bytes for s in self._reclaim_candidates())
+        return in_flight + sum(s.idle_bytes for s in self._reclaim_candidates(self._queued()))
 
     def _reclaimable(self) -> bool:
-        return self._rt.spec.use_residency and any(True for _ in self._reclaim_candidates())
+        return self._rt.spec.use_residency and bool(self._reclaim_candidates(self._queued()))
 
-    def _reclaim_candidates(self) -> list[AgentState]:
+    def _queued(self) -> set[str]:
+        """Agents whose next action waits for admission."""
+        return {action.agent_id for action, _ in self._waiting.values()}
+
+    def _reclaim_candidates(self, queued: set[str]) -> list[AgentState]:
         """Agents whose resident sandbox may be torn down now: restartable, between
         actions (in a model wait) or with the next action still queued for admission (its
         sandbox runs nothing until then, and a queued action may wait long)."""
-        rt = self._rt
-        queued = {action.agent_id for action, _ in self._waiting.values()}
-        return [s for s in rt.agents.values() if s.restartable and (s.idle or (
+        return [s for s in self._rt.agents.values() if s.restartable and (s.idle or (
             s.agent_id in queued and s.materialized and not s.torn_down and not s.closed
             and s.lifecycle is None and s.failed_reason is None))]
 
@@ -296,7 +294,8 @@ class Boundary:
             overdue = rt.config.overdue_after_s
             held = [a for a in held if a.held_since is not None
                     and now - a.held_since >= overdue]
-            stuck = 0 if rt.actions else self._stuck_charge(pressure.headroom_bytes, now)
+            stuck = 0 if rt.actions or rt.admission is None else rt.admission.stuck_charge(
+                now, pressure.headroom_bytes, waited_s=overdue)
             if not held and not stuck and not (rt.spec.use_gate and
                                                rt.execution.starving_demand_bytes(
                                                    rt.actions.values(), now)):
@@ -316,31 +315,20 @@ class Boundary:
             queued = sum(r.prediction.avg_bytes for r in rt.admission.queued
                          if r.ready_at <= now)
             room = rt.admission.window_bytes - rt.admission.admitted_total_bytes
-            cap = rt.config.max_admitted_actions
-            if cap is not None and len(rt.admission.charges) >= cap:
+            if rt.admission.at_capacity:
                 room = 0  # none of it may be admitted before an action ends
             waiting += min(queued, max(room, 0))
         needed = int(green_line + waiting - pressure.headroom_bytes) + 1
         if needed <= 0:
             return
-        # A sandbox whose agent is back in a third of a second frees nothing worth a
-        # teardown and a rebuild; one whose action is queued is known to be waiting. Under
-        # yellow only those go; under red, or for work held past overdue, the others follow.
-        queued = {action.agent_id for action, _ in self._waiting.values()}
-        min_idle = rt.config.reclaim_min_idle_s
-        tiers: list[list[IdleSandbox]] = [[], []]
-        for s in self._reclaim_candidates():
-            long_idle = s.agent_id in queued or self._idle_for(s, now) >= min_idle
-            tiers[0 if long_idle else 1].append(
-                IdleSandbox(s.agent_id, s.idle_bytes, True, workflow_since=s.created_at))
-        if pressure.level is Pressure.YELLOW:
-            tiers.pop()
-        chosen: list[str] = []
-        by_id = {b.sandbox_id: b for tier in tiers for b in tier}
-        for tier in tiers:
-            left = needed - sum(by_id[c].working_set_bytes for c in chosen)
-            chosen += choose_reclaim(tier, level, left,
-                                     max_count=rt.lifecycle.slots.num_free - len(chosen))
+        waiting_agents = self._queued()
+        idle = [IdleSandbox(s.agent_id, s.idle_bytes, True, self._idle_for(s, now),
+                            workflow_since=s.created_at, queued=s.agent_id in waiting_agents)
+                for s in self._reclaim_candidates(waiting_agents)]
+        # Under red, or for work held past overdue, short model waits may go too.
+        chosen = choose_reclaim(idle, level, needed, max_count=rt.lifecycle.slots.num_free,
+                                min_idle_s=rt.config.reclaim_min_idle_s,
+                                spare_short_waits=pressure.level is Pressure.YELLOW)
         why = pressure.level.name.lower() + (": held or stuck work" if level != pressure.level
                                              else "")
         for agent_id in chosen:
@@ -352,24 +340,6 @@ class Boundary:
         if state.predicted_wait_s is None or state.last_done_at is None:
             return 0.0
         return state.last_done_at + state.predicted_wait_s - now
-
-    def _stuck_charge(self, headroom_bytes: int, now: float) -> int:
-        """The charge of the first queued action, ready past overdue, that the logical
-        window would take but the physical headroom cannot (0 if there is none)."""
-        admission = self._rt.admission
-        if admission is None:
-            return 0
-        overdue = self._rt.config.overdue_after_s
-        for request in admission.queued:
-            if now - request.ready_at < overdue:
-                continue
-            charge = admission_charge(request.prediction, admission.admitted_total_bytes,
-                                      admission.window_bytes,
-                                      heavy=is_heavy(request.prediction, self._rt.config))
-            fits_window = admission.admitted_total_bytes + charge <= admission.window_bytes
-            if fits_window and charge > headroom_bytes:
-                return charge
-        return 0
 
     def _start_teardown(self, state: AgentState, *, why: str) -> None:
         if not self._rt.lifecycle.try_acquire():
