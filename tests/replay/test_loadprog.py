@@ -67,4 +67,4 @@ def test_shape_time_average(avg_fraction, duration_s):
 def test_command_validates():
     with pytest.raises(ValueError, match="peak_bytes"):
         load_command(10, 5, 1.0, 0)
-    assert load_command(1, 2, 0.1, 0).startswith("python3 -c ")
+    assert load_command(1, 2, 0.1, 0).startswith("python3 -S -c ")
