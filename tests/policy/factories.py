@@ -43,10 +43,10 @@ def make_request(
     avg_bytes: int = 100 * MIB,
     peak_bytes: int = 200 * MIB,
     ready_at: float = 0.0,
-    workflow_since: float | None = None,
+    rank_at: float | None = None,
 ) -> ActionRequest:
     return ActionRequest(action_id, workflow_id, Prediction(avg_bytes, peak_bytes), ready_at,
-                         workflow_since)
+                         rank_at)
 
 
 def make_idle(

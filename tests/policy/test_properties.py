@@ -158,9 +158,9 @@ def test_heavy_never_starved_by_light_stream(light_mib, light_duration_steps, he
 
 def test_reclaim_takes_the_youngest_workflow_first_then_the_largest() -> None:
     """Admission serves the oldest workflow first: the youngest's sandbox idles longest."""
-    old_big = IdleSandbox("old-big", 500 * MIB, True, workflow_since=1.0)
-    young_small = IdleSandbox("young-small", 50 * MIB, True, workflow_since=9.0)
-    young_big = IdleSandbox("young-big", 80 * MIB, True, workflow_since=9.0)
+    old_big = IdleSandbox("old-big", 500 * MIB, True, rank_at=1.0)
+    young_small = IdleSandbox("young-small", 50 * MIB, True, rank_at=9.0)
+    young_big = IdleSandbox("young-big", 80 * MIB, True, rank_at=9.0)
     boxes = [old_big, young_small, young_big]
     assert choose_reclaim(boxes, Pressure.YELLOW, 60 * MIB) == ["young-big"]
     assert choose_reclaim(boxes, Pressure.RED, 100 * MIB) == ["young-big", "young-small"]

@@ -143,11 +143,11 @@ def test_admission_serves_the_oldest_workflow_first_then_readiness() -> None:
     ctl = AdmissionController(config, window_bytes=250 * MIB)
     # w-new's action became ready first, but w-old started earlier: w-old goes first
     ctl.submit(make_request("new-1", "w-new", 100 * MIB, 100 * MIB, ready_at=1.0,
-                            workflow_since=0.5))
+                            rank_at=0.5))
     ctl.submit(make_request("old-2", "w-old", 100 * MIB, 100 * MIB, ready_at=2.0,
-                            workflow_since=0.0))
+                            rank_at=0.0))
     ctl.submit(make_request("old-1", "w-old", 100 * MIB, 100 * MIB, ready_at=1.5,
-                            workflow_since=0.0))
+                            rank_at=0.0))
     admitted = [d.action_id for d in ctl.decide(now=3.0, headroom_bytes=10 * 1024 * MIB)]
     assert admitted == ["old-1", "old-2"]  # the window holds two; w-new waits
     ctl.release("old-1")
@@ -181,6 +181,23 @@ def test_admission_never_holds_more_than_the_action_cap() -> None:
     assert ctl.decide(now=6.0, headroom_bytes=1 << 40) == []
     ctl.release("a-0")
     assert [d.action_id for d in ctl.decide(now=7.0, headroom_bytes=1 << 40)] == ["a-2"]
+
+
+def test_an_overdue_light_action_keeps_its_room_from_the_ones_behind_it() -> None:
+    """A 900 MiB light action (no heavy credit) that does not fit: before overdue, a small
+    one behind it takes the gap; once overdue, the gap stays for it."""
+    ctl = AdmissionController(make_config(overdue_after_s=3.0), window_bytes=1000 * MIB)
+    ctl.submit(make_request("running", "w-r", 400 * MIB, 400 * MIB, ready_at=0.0))
+    assert [d.action_id for d in ctl.decide(now=0.0, headroom_bytes=1 << 40)] == ["running"]
+    ctl.submit(make_request("big", "w-big", 900 * MIB, 900 * MIB, ready_at=1.0))
+    ctl.submit(make_request("small-1", "w-s1", 50 * MIB, 50 * MIB, ready_at=1.5))
+    assert [d.action_id for d in ctl.decide(now=2.0, headroom_bytes=1 << 40)] == ["small-1"]
+    ctl.submit(make_request("small-2", "w-s2", 50 * MIB, 50 * MIB, ready_at=3.5))
+    assert ctl.decide(now=4.5, headroom_bytes=1 << 40) == []  # "big" is overdue: no gap
+    ctl.release("running")
+    ctl.release("small-1")
+    assert [d.action_id for d in ctl.decide(now=5.0, headroom_bytes=1 << 40)] == [
+        "big", "small-2"]
 
 
 def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:

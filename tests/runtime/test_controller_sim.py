@@ -443,6 +443,29 @@ def test_an_action_queued_for_room_that_idle_sandboxes_hold_gets_it_under_green(
     assert "stuck" in teardowns[0]["why"]
 
 
+def test_an_action_stuck_on_idle_memory_gets_it_even_while_a_small_action_runs(
+    tmp_path: Path,
+) -> None:
+    """As above, but a long action holding 20 MiB runs meanwhile: its end cannot free the
+    room, so waiting for it (30 s) is no answer; past overdue the idle sandbox goes."""
+    async def body(rt, domain, backend, clock):
+        idle = await rt.create_agent(image="sim")
+        await idle.run(load(300, 300, 0.5, 300), timeout=60)
+        long = await rt.create_agent(image="sim")
+        running = asyncio.ensure_future(long.run(load(20, 20, 30.0), timeout=60))
+        await clock.sleep(1.0)
+        runner = await rt.create_agent(image="sim")
+        result = await runner.run(load(500, 500, 1.0), timeout=60)
+        await running
+        return result, rt.events.of_kind("teardown")
+
+    result, teardowns = run_with_runtime(tmp_path, body, predictor=_ByPeak())
+    assert result.outcome is Outcome.OK
+    assert 3.0 <= result.queued_s < 10.0  # overdue, then a teardown: not the runner's 29 s
+    assert [t["agent_id"] for t in teardowns] == ["agent-00001"]
+    assert "stuck" in teardowns[0]["why"]
+
+
 class _LearnsHeavy:
     """Exact figures from the command, until an action above 1 GiB was observed: from then
     on every light action is expected to peak at 1.5 GiB (a peer's test run was heavy)."""
@@ -612,3 +635,71 @@ def test_an_exec_that_finds_its_sandbox_frozen_waits_for_the_thaw(tmp_path: Path
     assert result.outcome is Outcome.OK
     assert len(refused) >= 2  # it retried while frozen, not once and done
     assert elapsed >= 1.5 + 2.0 - 0.2  # ran only after the thaw
+
+
+@pytest.mark.parametrize("by_work_left", [True, False])
+def test_a_young_attempt_at_a_long_task_is_admitted_before_an_older_short_workflow(
+    tmp_path: Path, by_work_left: bool,
+) -> None:
+    """Rank: start time moved earlier by the work expected to be left. An attempt at a task
+    whose earlier attempt ran ~6 s goes before an older workflow of no known task, for
+    which the typical finished workflow (two of the three ran 0.5 s) is all there is to go
+    by; ranked by start time alone (the ablation), the older one goes first."""
+    async def body(rt, domain, backend, clock):
+        lead = await rt.create_agent(image="sim", task="T")
+        for _ in range(3):
+            await lead.run(load(10, 10, 2.0), timeout=60)
+        for _ in range(2):
+            short = await rt.create_agent(image="sim")
+            await short.run(load(10, 10, 0.5), timeout=60)
+            await short.close()
+        # five 200 MiB charges fill the 1 GiB window; they end one by one
+        blockers = [await rt.create_agent(image="sim") for _ in range(5)]
+        blocking = [asyncio.ensure_future(b.run(load(10, 10, 3.0 + i), timeout=60))
+                    for i, b in enumerate(blockers)]
+        await clock.sleep(0.5)
+        old = await rt.create_agent(image="sim")
+        old_run = asyncio.ensure_future(old.run(load(10, 10, 5.0), timeout=60))
+        await clock.sleep(0.5)
+        young = await rt.create_agent(image="sim", task="T")
+        young_run = asyncio.ensure_future(young.run(load(10, 10, 5.0), timeout=60))
+        await asyncio.gather(*blocking, old_run, young_run)
+        admitted = {e["agent_id"]: e["t"] for e in rt.events.of_kind("admit")}
+        return admitted[old.id], admitted[young.id]
+
+    old_at, young_at = run_with_runtime(
+        tmp_path, body, predictor=FixedPredictor(200 * MIB, 200 * MIB),
+        config=PolicyConfig(rank_by_work_left=by_work_left))
+    if by_work_left:
+        assert young_at < old_at
+    else:
+        assert old_at < young_at
+    assert abs(young_at - old_at) > 0.5  # one slot at a time: a blocker's end apart
+
+
+@pytest.mark.parametrize(("hint", "expected_s"), [(2, 2.0), (None, 1.0)])
+def test_the_auto_action_cap_comes_from_the_backend(
+    tmp_path: Path, hint: int | None, expected_s: float,
+) -> None:
+    """max_admitted_actions="auto" (the default) takes the backend's `admission_cap` (the
+    Docker backend has one, 4 per core); a backend without one leaves memory alone to
+    limit admission. Four 1 s actions: two rounds under a cap of 2, one without."""
+    clock = FakeClock()
+    domain = SimDomain(GIB)
+    backend = SimBackend(domain, clock)
+    if hint is not None:
+        backend.admission_cap = lambda: hint  # type: ignore[attr-defined]
+
+    async def main() -> tuple[Any, float]:
+        runtime = Runtime(domain=domain, backend=backend, state_dir=tmp_path / "state",
+                          clock=clock, predictor=FixedPredictor(10 * MIB, 10 * MIB),
+                          blocking=run_inline)
+        async with runtime:
+            agents = [await runtime.create_agent(image="sim") for _ in range(4)]
+            start = clock.now()
+            await asyncio.gather(*(a.run(load(10, 10, 1.0), timeout=60) for a in agents))
+            return runtime.config.max_admitted_actions, clock.now() - start
+
+    cap, took = asyncio.run(run_simulated(main(), clock))
+    assert cap == hint
+    assert took == pytest.approx(expected_s, abs=0.5)

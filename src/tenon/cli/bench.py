@@ -51,8 +51,10 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
 
 
 def _coerce(key: str, value: str) -> Any:
+    if value.lower() == "none":
+        return None
     if key.endswith("_bytes"):
-        return None if value.lower() == "none" else parse_size(value, what=key)
+        return parse_size(value, what=key)
     try:
         return int(value)
     except ValueError:

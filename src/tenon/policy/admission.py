@@ -5,7 +5,8 @@ Each admitted light action holds a logical charge `(1-a)*avg + a*peak` with
 (`admission_charge`). The charge is set at admission and released
 exactly once at completion; it only ever shrinks in between, when the action has passed
 its peak (`past_peak_charge`). Light and heavy actions queue separately but share
-the window, each served oldest workflow first. The oldest ready heavy action accrues
+the window, each served in workflow rank order (oldest first, moved forward by the work
+left; `ActionRequest.rank_at`). The first ready heavy action accrues
 protected credit at `heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
 credit, so once it covers the heavy action's charge, light admissions stop
 eating the room it needs and it is admitted as soon as running actions release.
@@ -39,14 +40,15 @@ class ActionRequest:
     workflow_id: str
     prediction: Prediction
     ready_at: float
-    workflow_since: float | None = None
-    """When the action's workflow started. Queues serve the oldest workflow first, then
+    rank_at: float | None = None
+    """The workflow's place in line: its start time, moved earlier by the work its peers
+    showed it still has (`predict.progress`). Queues serve the smallest rank first, then
     readiness; None ranks by readiness alone."""
 
     @property
     def queue_key(self) -> tuple[float, float]:
-        since = self.ready_at if self.workflow_since is None else self.workflow_since
-        return (since, self.ready_at)
+        rank = self.ready_at if self.rank_at is None else self.rank_at
+        return (rank, self.ready_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,17 +152,18 @@ class AdmissionController:
             raise ValueError(f"action {req.action_id!r} is already queued or admitted")
         queue = self._heavy if is_heavy(req.prediction, self._config) else self._light
         queue.append(req)
-        # Oldest workflow first, then readiness (stable: submission order breaks ties). Pure
+        # Workflow rank first, then readiness (stable: submission order breaks ties). Pure
         # readiness order interleaves every live workflow, one action per trip through the
         # queue, so all of them finish late and all of their sandboxes stay live or cycle
-        # through teardown and rebuild; serving the oldest workflow first drains them.
+        # through teardown and rebuild; serving in rank order (oldest first unless peers
+        # show more work left) drains them.
         queue.sort(key=lambda r: r.queue_key)
 
     @property
     def at_capacity(self) -> bool:
         """As many actions are admitted as `max_admitted_actions` allows."""
         cap = self._config.max_admitted_actions
-        return cap is not None and len(self._charges) >= cap
+        return isinstance(cap, int) and len(self._charges) >= cap  # "auto": the runtime's
 
     def update_prediction(self, action_id: str, prediction: Prediction) -> bool:
         """Give a queued action a new prediction (it may move between the light and heavy
@@ -267,6 +270,7 @@ class AdmissionController:
             else:
                 reserved = min(self.heavy_credit_bytes(now), float(charge))
         remaining: list[ActionRequest] = []
+        overdue_held = False
         for req in self._light:
             if req.ready_at > now:
                 remaining.append(req)
@@ -281,5 +285,11 @@ class AdmissionController:
                 physical_left -= charge
             else:
                 remaining.append(req)
+                if not overdue_held and now - req.ready_at >= self._config.overdue_after_s:
+                    # The first overdue light action that does not fit keeps its room from
+                    # the ones behind it: a 0.9 GiB one (below the heavy line, so no credit)
+                    # waited 165 s on the real 8x replay while small ones took every gap.
+                    reserved += charge
+                    overdue_held = True
         self._light = remaining
         return decisions

@@ -59,9 +59,10 @@ class IdleSandbox:
     """False means resident_only: it may be gated but never torn down."""
     predicted_wait_s: float = 0.0
     """Predicted time until the agent's next action is ready (the model wait)."""
-    workflow_since: float = 0.0
-    """When the agent's workflow started. Admission serves the oldest workflow first, so
-    the youngest workflows' sandboxes are the ones that will sit idle the longest."""
+    rank_at: float = 0.0
+    """The workflow's place in admission's line (`ActionRequest.rank_at`: its start time,
+    moved earlier by the work left). Admission serves the smallest first, so the largest
+    ranks' sandboxes are the ones that will sit idle the longest."""
     queued: bool = False
     """Its agent's next action is ready and waiting for admission (known to be waiting)."""
 
@@ -117,15 +118,16 @@ def residency_decision(
 
 
 def reclaim_key(box: IdleSandbox) -> tuple[float, int, str]:
-    """Victim order: the youngest workflow first, then the largest working set, then id.
+    """Victim order: the last-ranked workflow first (the youngest, when no peers say how
+    much work is left), then the largest working set, then id.
 
-    The youngest workflow is the last that admission serves, so its sandbox stays idle the
+    The last-ranked workflow is the last that admission serves, so its sandbox stays idle the
     longest: the memory a teardown frees stays free, and the rebuild is a long way off.
     Largest-first took whichever agent had just finished an action, whose next one was
     ready a third of a second later: on the 8x replay 2,331 teardowns, as many rebuilds,
     a median of 0.23 s between them, and 137 CPU-seconds of a 2-core host.
     """
-    return (-box.workflow_since, -box.working_set_bytes, box.sandbox_id)
+    return (-box.rank_at, -box.working_set_bytes, box.sandbox_id)
 
 
 def choose_reclaim(
@@ -139,7 +141,7 @@ def choose_reclaim(
 ) -> list[str]:
     """Restartable idle sandboxes to tear down until `needed_bytes`: first those that will
     wait long (queued for admission, or predicted away at least `min_idle_s`), then the
-    others, each in `reclaim_key` order (youngest workflow first). A sandbox whose agent
+    others, each in `reclaim_key` order (last-ranked workflow first). A sandbox whose agent
     is back in a third of a second frees nothing worth a teardown and a rebuild; with
     `spare_short_waits` (the caller passes it under yellow) those are not taken at all.
 

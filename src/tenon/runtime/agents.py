@@ -27,6 +27,9 @@ class AgentState:
     task: str | None = None
     """The task the workflow attempts; predictors share measurements between its attempts."""
     history: list[MeasuredAction] = field(default_factory=list)
+    rank_at: float | None = None
+    """Its place in admission's line (`ActionRequest.rank_at`); None until first ranked,
+    then `created_at` moved earlier by the work its peers showed is left."""
     materialized: bool = False  # a first sandbox was made (there is a workspace and record)
     torn_down: bool = False  # the record is committed and no sandbox is live
     restartable: bool = False  # the last boundary's fail-closed check
@@ -50,6 +53,10 @@ class AgentState:
 
     def note_done(self, now: float) -> None:
         self.last_done_at = now
+
+    @property
+    def rank(self) -> float:
+        return self.created_at if self.rank_at is None else self.rank_at
 
     @property
     def idle(self) -> bool:

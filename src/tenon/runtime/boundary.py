@@ -244,7 +244,7 @@ class Boundary:
         state.idle_bytes = last_usage
         pressure = rt.pressure_now()
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
-                          state.predicted_wait_s or 0.0, state.created_at)
+                          state.predicted_wait_s or 0.0, state.rank)
         decision = residency_decision(ResidencySnapshot(box, pressure.level, rt.lifecycle.slots),
                                       rt.clock.now(), rt.config)
         rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
@@ -255,7 +255,7 @@ class Boundary:
         if pressure.level is Pressure.GREEN:
             self._start_teardown(state, why=decision.reason)
         else:
-            # Under pressure the idle sandboxes compete: the youngest workflows' go first
+            # Under pressure the idle sandboxes compete: the last-ranked workflows' go first
             # (they wait longest for admission), as many as the physical deficit needs,
             # this one included if it is among them.
             self.reclaim(pressure)
@@ -263,7 +263,7 @@ class Boundary:
     def reclaim(self, pressure: PressureState) -> None:
         """Under yellow or red, or under green while starts or growers are held past overdue,
         tear down restartable idle sandboxes (`_reclaim_candidates`: also those whose next
-        action is still queued), youngest workflow first, until the physical headroom
+        action is still queued), last-ranked workflow first, until the physical headroom
         covers the yellow line plus what waiting work needs.
 
         The deficit is physical: H against the line plus the gate's demand of actions held
@@ -287,15 +287,17 @@ class Boundary:
             # Growers held past overdue (green keeps one that outgrew its prediction held
             # while its demand exceeds H) get room the same way.
             # So does a queued action past overdue whose charge fits the logical window but
-            # not the physical headroom, when nothing runs that could free it room: idle
-            # sandboxes would otherwise keep it queued for as long as they stay idle. (With
-            # actions running, their ends free room; reclaiming there made 900 teardowns in
-            # the simulated 8x replay.)
+            # not the physical headroom plus what running actions will give back when they
+            # end: idle sandboxes would otherwise keep it queued for as long as they stay
+            # idle. On the real 8x replay a 1.6 GiB test start waited 27 s in a green domain
+            # with 1.3 GiB idle, everything else queued behind its reserved room, while one
+            # long action that held little ran to its end. (Where running actions' ends
+            # do free the room, reclaiming made 900 teardowns in the simulated 8x replay.)
             overdue = rt.config.overdue_after_s
             held = [a for a in held if a.held_since is not None
                     and now - a.held_since >= overdue]
-            stuck = 0 if rt.actions or rt.admission is None else rt.admission.stuck_charge(
-                now, pressure.headroom_bytes, waited_s=overdue)
+            stuck = 0 if rt.admission is None else rt.admission.stuck_charge(
+                now, pressure.headroom_bytes + self._running_gives_back(), waited_s=overdue)
             if not held and not stuck and not (rt.spec.use_gate and
                                                rt.execution.starving_demand_bytes(
                                                    rt.actions.values(), now)):
@@ -323,7 +325,7 @@ class Boundary:
             return
         waiting_agents = self._queued()
         idle = [IdleSandbox(s.agent_id, s.idle_bytes, True, self._idle_for(s, now),
-                            workflow_since=s.created_at, queued=s.agent_id in waiting_agents)
+                            rank_at=s.rank, queued=s.agent_id in waiting_agents)
                 for s in self._reclaim_candidates(waiting_agents)]
         # Under red, or for work held past overdue, short model waits may go too.
         chosen = choose_reclaim(idle, level, needed, max_count=rt.lifecycle.slots.num_free,
@@ -333,6 +335,15 @@ class Boundary:
                                              else "")
         for agent_id in chosen:
             self._start_teardown(rt.agents[agent_id], why=f"{why}: reclaim for {needed} B")
+
+    def _running_gives_back(self) -> int:
+        """What running actions hold above their sandboxes' level when they started: the
+        most their ends can free (what a sandbox held before stays with it, idle)."""
+        total = 0
+        for action in self._rt.actions.values():
+            if action.stats is not None:
+                total += max(action.last_usage_bytes - action.stats.start_bytes, 0)
+        return total
 
     @staticmethod
     def _idle_for(state: AgentState, now: float) -> float:

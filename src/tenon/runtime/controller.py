@@ -49,6 +49,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 from tenon.predict.classify import classify_action
+from tenon.predict.progress import PeerProgress
 from tenon.predict.static import StaticPredictor
 from tenon.runtime.agents import AgentState, Lifecycle, Waker
 from tenon.runtime.boundary import Boundary
@@ -145,12 +146,17 @@ class Runtime:
     ) -> None:
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
+        if self.config.max_admitted_actions == "auto":  # the backend knows its own limits
+            hint = getattr(backend, "admission_cap", None)
+            self.config = self.config.model_copy(
+                update={"max_admitted_actions": hint() if hint is not None else None})
         self.clock = clock or SystemClock()
         self.domain = domain
         self.backend = backend
         if predictor is None or self.spec.static_predictor:  # the ablation forces static
             predictor = StaticPredictor(heavy_peak_bytes=self.config.heavy_peak_bytes)
         self.predictor = predictor
+        self.progress = PeerProgress()
         self.events = EventLog(event_log, self.clock.now, keep_in_memory=keep_events)
         self._blocking = blocking
         self._backend_config = dict(backend_config or {})
@@ -270,6 +276,7 @@ class Runtime:
             if state.materialized:
                 await self.residency.finish(state.agent_id, delete_workspace=delete_workspace)
         finally:
+            self.progress.finish(state.agent_id, complete=state.failed_reason is None)
             self.agents.pop(state.agent_id, None)
             self.workflows.leave(state.agent_id)
             self.events.emit("workflow_end", agent_id=state.agent_id,
@@ -307,7 +314,10 @@ class Runtime:
                           action_class: str | None, max_output_bytes: int,
                           issued_command: str) -> ActionResult:
         ready_at = self.clock.now()
+        waited_s = ready_at - (state.last_done_at if state.last_done_at is not None
+                               else state.created_at)
         state.note_ready(ready_at)
+        self._rank(state)
         klass = action_class or classify_action("Bash", issued_command)
         context = ActionContext(state.workflow or state.agent_id, issued_command, klass,
                                 len(state.history), state.family, state.task_prompt,
@@ -322,11 +332,11 @@ class Runtime:
         self.events.emit("action_ready", action_id=action_id, agent_id=state.agent_id,
                          action_class=klass, predicted_avg_bytes=prediction.avg_bytes,
                          predicted_peak_bytes=prediction.peak_bytes,
-                         heavy=prediction.heavy_risk)
+                         heavy=prediction.heavy_risk, rank_at=round(state.rank, 3))
         admitted = False
         try:
             decision = await self.boundary.admit(action, ActionRequest(
-                action_id, state.agent_id, prediction, ready_at, state.created_at))
+                action_id, state.agent_id, prediction, ready_at, state.rank))
             admitted = True
             action.charge_bytes = decision.charge_bytes if decision else 0
             if state.lifecycle is not None:  # a teardown or predictive rebuild in flight
@@ -334,16 +344,24 @@ class Runtime:
                     await state.lifecycle
             sandbox = await self.boundary.ensure_sandbox(state, self._backend_config)
             return await self._execute(state, action, sandbox, command, context, timeout_s,
-                                       max_output_bytes)
+                                       max_output_bytes, max(waited_s, 0.0))
         finally:
             self.actions.pop(action_id, None)
             if admitted:
                 self.boundary.release(action)
             self.waker.notify()
 
+    def _rank(self, state: AgentState) -> None:
+        """Place the agent in line for its next action: its start time, moved earlier by
+        the work its peers showed is left from this step (`predict.progress`)."""
+        left = 0.0
+        if self.config.rank_by_work_left:
+            left = self.progress.remaining_s(state.task, state.agent_id, len(state.history))
+        state.rank_at = state.created_at - left
+
     async def _execute(self, state: AgentState, action: RunningAction, sandbox: Sandbox,
                        command: str, context: ActionContext, timeout_s: float,
-                       max_output_bytes: int) -> ActionResult:
+                       max_output_bytes: int, waited_s: float) -> ActionResult:
         klass = context.action_class
         meter = meter_of(sandbox)
         first = meter.reading()
@@ -401,6 +419,9 @@ class Runtime:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
         measured = MeasuredAction(klass, avg, peak, end - start, context.command,
                                   oom_killed=outcome is Outcome.OOM_KILLED)
+        # the step's work: the model wait before it and its run
+        self.progress.observe(state.task, state.agent_id, len(state.history),
+                              waited_s + (end - start))
         state.history.append(measured)
         observe = getattr(self.predictor, "observe", None)
         if observe is not None and outcome is not Outcome.SANDBOX_DIED:

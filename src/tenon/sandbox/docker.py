@@ -163,6 +163,14 @@ class DockerBackend:
             self._client = connect()
         return self._client
 
+    @staticmethod
+    def admission_cap() -> int:
+        """Actions the Engine serves well at once: 4 per core. Each exec is a round of API
+        calls the daemon handles on the host's cores; on 2 cores 50-60 concurrent ones made
+        a 0.05 s action take a median of 5.4 s, and the 8x replay took 712.6 s uncapped,
+        418.4 s capped at 16 and 342.6 s at 8 (bench/results/README.md, session 6)."""
+        return 4 * len(os.sched_getaffinity(0))
+
     def check(self, image: str = "tenon-base:bookworm") -> list[str]:
         try:
             client = self.client
