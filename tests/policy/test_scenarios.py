@@ -200,6 +200,20 @@ def test_an_overdue_light_action_keeps_its_room_from_the_ones_behind_it() -> Non
         "big", "small-2"]
 
 
+def test_an_action_queued_past_the_starvation_limit_goes_ahead_of_every_rank() -> None:
+    """Rank order lets a stream of better-ranked actions pass a last-ranked one for as long
+    as the stream lasts; after `starvation_after_s` it goes first."""
+    ctl = AdmissionController(make_config(starvation_after_s=30.0), window_bytes=100 * MIB)
+    ctl.submit(make_request("last", "w-last", 100 * MIB, 100 * MIB, ready_at=0.0,
+                            rank_at=50.0))
+    for i, now in enumerate((0.0, 10.0, 20.0, 29.0, 31.0)):
+        ctl.submit(make_request(f"s-{i}", f"w-{i}", 100 * MIB, 100 * MIB, ready_at=now,
+                                rank_at=float(i)))
+        admitted = [d.action_id for d in ctl.decide(now=now, headroom_bytes=1 << 40)]
+        ctl.release(admitted[0])
+        assert admitted == (["last"] if now >= 30.0 else [f"s-{i}"])
+
+
 def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:
     ctl = AdmissionController(make_config(), window_bytes=150 * MIB)
     ctl.submit(make_request("late", "w-a", 100 * MIB, 100 * MIB, ready_at=2.0))

@@ -75,3 +75,14 @@ def test_online_raises_any_base_predictor_and_keeps_its_heavy_flag() -> None:
                                                                          True)
     flagged = OnlinePredictor(FixedPredictor(50 * MIB, 100 * MIB, heavy_risk=True))
     assert flagged.predict(ctx()).heavy_risk  # the base's own risk flag is kept
+
+
+def test_a_running_peak_raises_the_peers_peak_but_not_their_average() -> None:
+    from tenon.predict.static import FixedPredictor
+
+    online = OnlinePredictor(FixedPredictor(50 * MIB, 100 * MIB), heavy_peak_bytes=1024 * MIB)
+    online.observe_running(ctx(task="T"), 1600 * MIB)
+    peer = online.predict(ctx(task="T"))
+    assert (peer.avg_bytes, peer.peak_bytes, peer.heavy_risk) == (50 * MIB, 1600 * MIB, True)
+    assert not online.predict(ctx(task="other")).heavy_risk
+    assert not online.predict(ctx("file_read", task="T")).heavy_risk

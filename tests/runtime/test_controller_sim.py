@@ -703,3 +703,24 @@ def test_the_auto_action_cap_comes_from_the_backend(
     cap, took = asyncio.run(run_simulated(main(), clock))
     assert cap == hint
     assert took == pytest.approx(expected_s, abs=0.5)
+
+
+def test_a_peer_hears_of_a_heavy_run_before_it_ends(tmp_path: Path) -> None:
+    """One attempt's test run crosses 1 GiB 1 s into its 10 s; another attempt's test step
+    that becomes ready meanwhile is predicted heavy at once, not after the run ends."""
+    from tenon.predict.online import OnlinePredictor
+
+    async def body(rt, domain, backend, clock):
+        first = await rt.create_agent(image="sim", task="T")
+        second = await rt.create_agent(image="sim", task="T")
+        running = asyncio.ensure_future(
+            first.run(load(200, 1500, 10.0), timeout=60, action_class="test_runner"))
+        await clock.sleep(3.0)
+        await second.run(load(20, 20, 0.5), timeout=60, action_class="test_runner")
+        await running
+        return [e for e in rt.events.of_kind("action_ready") if e["agent_id"] == second.id]
+
+    predictor = OnlinePredictor(FixedPredictor(20 * MIB, 40 * MIB), heavy_peak_bytes=GIB)
+    (ready,) = run_with_runtime(tmp_path, body, budget_bytes=4 * GIB, predictor=predictor)
+    assert ready["heavy"] is True
+    assert ready["predicted_peak_bytes"] >= 1400 * MIB

@@ -226,6 +226,21 @@ class AdmissionController:
         since = self._credit_since.get(head.action_id, now)
         return self._config.heavy_credit_rate_bytes_per_s * max(now - since, 0.0)
 
+    def _promote_starved(self, now: float) -> None:
+        """Actions queued `starvation_after_s` or longer go first, oldest ready first; the
+        rest keep rank order. Ranks estimate the work left and can be wrong for long: a
+        workflow ahead of its peers has no peer to show it, and one ranked last while the
+        host stays full waits without bound."""
+        limit = self._config.starvation_after_s
+
+        def key(req: ActionRequest) -> tuple[float, ...]:
+            if now - req.ready_at >= limit:
+                return (0.0, req.ready_at)
+            return (1.0, *req.queue_key)
+
+        self._heavy.sort(key=key)
+        self._light.sort(key=key)
+
     def _heavy_head(self, now: float) -> ActionRequest | None:
         if self._heavy and self._heavy[0].ready_at <= now:
             return self._heavy[0]
@@ -256,6 +271,7 @@ class AdmissionController:
         reserved = 0.0
         if self.at_capacity:
             return decisions
+        self._promote_starved(now)
         head = self._heavy_head(now)
         if head is not None:
             self._credit_since.setdefault(head.action_id, now)

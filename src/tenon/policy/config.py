@@ -65,6 +65,15 @@ class PolicyConfig(BaseModel):
         ge=0.0,
         description="A sandbox denied this long is considered before all others.",
     )
+    starvation_after_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description=(
+            "An action queued for admission this long goes ahead of every rank, oldest "
+            "ready first: rank (least slack first) alone passed the leading attempts of a "
+            "heavy task over for 108 s on the real 8x replay, and they finished last."
+        ),
+    )
     cooling_after_s: float = Field(
         default=2.0,
         ge=0.0,

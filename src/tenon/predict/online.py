@@ -7,8 +7,9 @@ the task is known (`ActionContext.peer_key`), else the same family (e.g. a repos
 repository's tasks differ (a test suite that needed 1.6 GiB in one task made every test run
 of the repository's other task "heavy" and queued for a gigabyte it never used). The average is
 raised the same way with the mean of those measurements. It learns during a run (`observe`
-after each action) from nothing but completed actions, so it never sees the action it
-predicts: a test suite that needed 1.6 GiB once is expected to need it again.
+after each action, and `observe_running` when a running action crosses the heavy line) from
+nothing but what other actions measured, so it never sees the action it predicts: a test
+suite that needed 1.6 GiB once is expected to need it again.
 """
 
 from __future__ import annotations
@@ -45,13 +46,20 @@ class OnlinePredictor:
         avgs = [base.avg_bytes]
         if key in self._peer_peak:
             peaks.append(self._peer_peak[key])
-            peer_avgs = self._peer_avgs[key]
-            avgs.append(sum(peer_avgs) // len(peer_avgs))
+            peer_avgs = self._peer_avgs.get(key)
+            if peer_avgs:  # none yet when only a running peak was heard
+                avgs.append(sum(peer_avgs) // len(peer_avgs))
         if own:
             avgs.append(sum(m.avg_bytes for m in own) // len(own))
         peak = max(peaks)
         avg = min(max(avgs), peak)
         return Prediction(avg, peak, heavy_risk=base.heavy_risk or peak > self._heavy_peak_bytes)
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """An action still running has reached `peak_bytes` (the runtime reports crossing
+        the heavy line): peers expect that peak from now on, not from when it ends."""
+        key = (context.peer_key, context.action_class)
+        self._peer_peak[key] = max(self._peer_peak.get(key, 0), peak_bytes)
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
         key = (context.peer_key, measured.action_class)

@@ -58,6 +58,7 @@ class RunningAction:
     launch: asyncio.Future[None] | None = None  # resolved when the gate lets it start
     held_since: float | None = None  # when `start_action` held it before its start
     peak_passed: bool = False  # its charge shrank to what it holds (`past_peak_charge`)
+    heavy_reported_bytes: int = 0  # the peak the predictor last heard of mid-run
 
     @property
     def growth_peak_bytes(self) -> int:
