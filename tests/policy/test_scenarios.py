@@ -214,6 +214,18 @@ def test_an_action_queued_past_the_starvation_limit_goes_ahead_of_every_rank() -
         assert admitted == (["last"] if now >= 30.0 else [f"s-{i}"])
 
 
+def test_a_queue_held_by_the_action_cap_is_not_stuck_on_memory() -> None:
+    """Reclaiming idle sandboxes for a queue the cap holds frees memory nobody may take:
+    on Docker (cap 8) that made 533 teardowns and rebuilds in one 8x replay."""
+    ctl = AdmissionController(make_config(max_admitted_actions=1), window_bytes=1 << 40)
+    ctl.submit(make_request("running", "w-r", 10 * MIB, 10 * MIB, ready_at=0.0))
+    assert [d.action_id for d in ctl.decide(now=0.0, headroom_bytes=1 << 40)] == ["running"]
+    ctl.submit(make_request("queued", "w-q", 500 * MIB, 500 * MIB, ready_at=0.0))
+    assert ctl.stuck_charge(10.0, 100 * MIB, waited_s=3.0) == 0
+    ctl.release("running")
+    assert ctl.stuck_charge(10.0, 100 * MIB, waited_s=3.0) == 500 * MIB
+
+
 def test_admission_without_workflow_age_is_fifo_by_readiness() -> None:
     ctl = AdmissionController(make_config(), window_bytes=150 * MIB)
     ctl.submit(make_request("late", "w-a", 100 * MIB, 100 * MIB, ready_at=2.0))

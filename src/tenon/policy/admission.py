@@ -178,7 +178,10 @@ class AdmissionController:
 
     def stuck_charge(self, now: float, headroom_bytes: int, *, waited_s: float) -> int:
         """The charge of the first queued action, ready at least `waited_s`, that the
-        logical window would take but `headroom_bytes` cannot (0 if there is none)."""
+        logical window would take but `headroom_bytes` cannot (0 if there is none, or if
+        the action cap is what holds the queue: memory would not let it in any sooner)."""
+        if self.at_capacity:
+            return 0
         for req in self.queued:
             if now - req.ready_at < waited_s:
                 continue
