@@ -419,9 +419,12 @@ class Runtime:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
         measured = MeasuredAction(klass, avg, peak, end - start, context.command,
                                   oom_killed=outcome is Outcome.OOM_KILLED)
-        # the step's work: the model wait before it and its run
-        self.progress.observe(state.task, state.agent_id, len(state.history),
-                              waited_s + (end - start))
+        if self.config.rank_by_work_left:  # the step's work: its model wait and its run
+            try:
+                self.progress.observe(state.task, state.agent_id, len(state.history),
+                                      waited_s + (end - start))
+            except ValueError as exc:  # advisory: a rank is never worth failing an action
+                logger.warning("work-left record of %s: %s", state.agent_id, exc)
         state.history.append(measured)
         observe = getattr(self.predictor, "observe", None)
         if observe is not None and outcome is not Outcome.SANDBOX_DIED:
