@@ -5,8 +5,8 @@ Each admitted light action holds a logical charge `(1-a)*avg + a*peak` with
 (`admission_charge`). The charge is set at admission and released
 exactly once at completion; it only ever shrinks in between, when the action has passed
 its peak (`past_peak_charge`). Light and heavy actions queue separately but share
-the window, each served in workflow rank order (oldest first, moved forward by the work
-left; `ActionRequest.rank_at`). The first ready heavy action accrues
+the window, each served in workflow rank order (oldest first, or least slack first with
+`rank_by_work_left`; `ActionRequest.rank_at`). The first ready heavy action accrues
 protected credit at `heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
 credit, so once it covers the heavy action's charge, light admissions stop
 eating the room it needs and it is admitted as soon as running actions release.
@@ -41,9 +41,9 @@ class ActionRequest:
     prediction: Prediction
     ready_at: float
     rank_at: float | None = None
-    """The workflow's place in line: its start time, moved earlier by the work its peers
-    showed it still has (`predict.progress`). Queues serve the smallest rank first, then
-    readiness; None ranks by readiness alone."""
+    """The workflow's place in line: its start time (moved earlier by the work expected to
+    be left when `rank_by_work_left` is on; `predict.progress`). Queues serve the smallest
+    rank first, then readiness; None ranks by readiness alone."""
 
     @property
     def queue_key(self) -> tuple[float, float]:

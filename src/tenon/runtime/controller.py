@@ -353,7 +353,7 @@ class Runtime:
 
     def _rank(self, state: AgentState) -> None:
         """Place the agent in line for its next action: its start time, moved earlier by
-        the work its peers showed is left from this step (`predict.progress`)."""
+        the work expected to be left from this step when `rank_by_work_left` is on."""
         left = 0.0
         if self.config.rank_by_work_left:
             left = self.progress.remaining_s(state.task, state.agent_id, len(state.history))
