@@ -307,9 +307,11 @@ class Boundary:
             stuck = 0
         budget = rt.domain.budget_bytes or 0
         green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
-        waiting = stuck + sum(rt.execution.start_demand_bytes(a) for a in held)
+        held_bytes = sum(rt.execution.start_demand_bytes(a) for a in held)
+        starving = 0
         if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
-            waiting += rt.execution.starving_demand_bytes(rt.actions.values(), now)
+            starving = rt.execution.starving_demand_bytes(rt.actions.values(), now)
+        waiting = stuck + held_bytes + starving
         if rt.admission is not None and pressure.level is not Pressure.GREEN:
             # Only as much queued work as the logical window lets in can use freed memory:
             # behind a full window a teardown frees room nobody may take, and costs a
@@ -331,8 +333,10 @@ class Boundary:
         chosen = choose_reclaim(idle, level, needed, max_count=rt.lifecycle.slots.num_free,
                                 min_idle_s=rt.config.reclaim_min_idle_s,
                                 spare_short_waits=pressure.level is Pressure.YELLOW)
-        why = pressure.level.name.lower() + (": held or stuck work" if level != pressure.level
-                                             else "")
+        why = pressure.level.name.lower()
+        if level != pressure.level:
+            why += (f": held or stuck work (starts {held_bytes} B, queue {stuck} B, "
+                    f"growers {starving} B)")
         for agent_id in chosen:
             self._start_teardown(rt.agents[agent_id], why=f"{why}: reclaim for {needed} B")
 
