@@ -136,10 +136,11 @@ class PolicyConfig(BaseModel):
         default=False,
         description=(
             "Hold a start predicted heavy until its whole predicted growth (peak plus slack) "
-            "fits, as every other start is. Off, it starts on the bootstrap demand and the "
-            "gate meters its measured growth; admission still charges its predicted peak. "
-            "On the 8x replay 14 of 35 heavy predictions peaked under 0.1 GiB, and room "
-            "for each (2.3 GiB of a 3 GiB budget) was made by tearing down every idle sandbox."
+            "fits, as every other start is. Off, it launches on the bootstrap demand (its whole "
+            "demand still taken from the period's room) and the gate meters its measured "
+            "growth; admission still charges its predicted peak. In a real 8x replay 12 of 31 "
+            "heavy predictions peaked under 0.1 GiB, and room for each (2.3 GiB of a 3 GiB "
+            "budget) was made by tearing down every idle sandbox."
         ),
     )
     prediction_slack_fraction: float = Field(

@@ -199,8 +199,8 @@ class ExecutionLoop:
         (unless `hold_heavy_starts`) the bootstrap demand. The gate then meters its measured
         growth, and reclaim gives idle memory back as it grows into the yellow region, only
         as much as it grows. Holding it until peak plus slack fit (2.3 GiB of a 3 GiB
-        budget) meant tearing down every idle sandbox first, and on the real 8x replay 14 of
-        35 heavy predictions peaked under 0.1 GiB. Its whole demand is still taken from this
+        budget) meant tearing down every idle sandbox first, and in a real 8x replay 12 of 31
+        heavy predictions peaked under 0.1 GiB. Its whole demand is still taken from this
         period's room, so no other start launches into it beside it."""
         if self._starts_metered(action):
             return min(demand, self._config.bootstrap_demand_bytes)
