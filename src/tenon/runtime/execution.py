@@ -196,12 +196,10 @@ class ExecutionLoop:
 
     def _launch_demand(self, action: RunningAction, demand: int) -> int:
         """The room a start needs to launch: its demand, or for a start predicted heavy
-        (unless `hold_heavy_starts`) the bootstrap demand. The gate then meters its measured
-        growth, and reclaim gives idle memory back as it grows into the yellow region, only
-        as much as it grows. Holding it until peak plus slack fit (2.3 GiB of a 3 GiB
-        budget) meant tearing down every idle sandbox first, and in a real 8x replay 12 of 31
-        heavy predictions peaked under 0.1 GiB. Its whole demand is still taken from this
-        period's room, so no other start launches into it beside it."""
+        the bootstrap demand (`PolicyConfig.hold_heavy_starts` says why). The gate then
+        meters its measured growth, and reclaim gives idle memory back only as far as it
+        grows. The caller still takes its whole demand from this period's room, so no other
+        start launches into it beside it."""
         if self._starts_metered(action):
             return min(demand, self._config.bootstrap_demand_bytes)
         return demand
