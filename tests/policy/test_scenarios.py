@@ -173,6 +173,28 @@ def test_a_heavy_action_is_charged_its_predicted_peak_and_a_second_waits_for_roo
         1800 * MIB]
 
 
+@pytest.mark.parametrize("hold", [False, True])
+def test_a_heavy_action_is_admitted_on_window_room_unless_heavy_starts_are_held(
+    hold: bool,
+) -> None:
+    """A heavy action takes its predicted peak from the logical window either way. With
+    heavy starts metered (the default) it needs only bootstrap headroom to be admitted: the
+    gate meters what it grows, and idle memory is reclaimed as far as it does. Held, it
+    waits until the domain has physical room for the whole peak."""
+    gib = 1024 * MIB
+    ctl = AdmissionController(make_config(hold_heavy_starts=hold), window_bytes=2 * gib)
+    ctl.submit(make_request("test", "w-a", 180 * MIB, 1600 * MIB, ready_at=0.0))
+    ctl.submit(make_request("light", "w-b", 450 * MIB, 450 * MIB, ready_at=0.5))
+    decisions = ctl.decide(now=1.0, headroom_bytes=400 * MIB)
+    if hold:
+        assert decisions == []
+        assert ctl.stuck_charge(1.0, 400 * MIB, waited_s=0.0) == 1600 * MIB
+        return
+    # the light one does not fit the window beside the heavy charge
+    assert [(d.action_id, d.charge_bytes) for d in decisions] == [("test", 1600 * MIB)]
+    assert ctl.stuck_charge(1.0, 400 * MIB, waited_s=0.0) == 0
+
+
 def test_admission_never_holds_more_than_the_action_cap() -> None:
     ctl = AdmissionController(make_config(max_admitted_actions=2), window_bytes=1 << 40)
     for i in range(4):

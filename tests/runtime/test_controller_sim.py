@@ -783,3 +783,28 @@ def test_a_heavy_start_that_does_grow_gets_room_from_idle_sandboxes_without_oom(
     assert oom_kills == 0
     assert teardowns  # the room came from idle sandboxes
     assert result.peak_memory_bytes >= 1400 * MIB
+
+
+def test_two_copies_of_a_mispredicted_large_run_take_turns_instead_of_deadlocking(
+    tmp_path: Path,
+) -> None:
+    """Two copies of a test run predicted at 100 MiB that each need 1.3 GiB, in a 2 GiB
+    domain: they cannot both have their peak. The one that outgrew its prediction second
+    waits frozen near its predicted size while the first has the domain, then finishes;
+    neither is OOM-killed. (Thawed together whenever the domain looked green, each used to
+    end up holding part of what the other needed, and the probe let go was killed.)"""
+    async def body(rt, domain, backend, clock):
+        first, second = [await rt.create_agent(image="sim") for _ in range(2)]
+        a = asyncio.ensure_future(first.run(load(900, 1300, 6.0), timeout=120,
+                                            action_class="test_runner"))
+        await clock.sleep(0.3)
+        b = asyncio.ensure_future(second.run(load(900, 1300, 6.0), timeout=120,
+                                             action_class="test_runner"))
+        results = await asyncio.gather(a, b)
+        return results, rt.events.of_kind("gate"), domain.reading().num_oom_kills
+
+    results, gates, oom_kills = run_with_runtime(
+        tmp_path, body, budget_bytes=2 * GIB, predictor=FixedPredictor(50 * MIB, 100 * MIB))
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    assert oom_kills == 0
+    assert any("outgrew its prediction after" in g["reason"] for g in gates)

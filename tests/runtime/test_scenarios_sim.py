@@ -78,7 +78,10 @@ def test_sandbox_that_keeps_growing_is_held_under_red_with_one_probe() -> None:
     assert all(r.completed for r in report.runs)
     denials = [e for e in report.of_kind("gate") if not e["allowed"]]
     assert denials
-    assert all(e["pressure"] in ("yellow", "red") for e in denials)
+    # green holds only the one that outgrew its prediction second, while the first's
+    # demand leaves it no room
+    assert all(e["pressure"] in ("yellow", "red") or "outgrew its prediction after"
+               in e["reason"] for e in denials)
     assert any(e["pressure"] == "red" for e in report.of_kind("sample"))
     # never two growers released together under red
     samples = [e for e in report.of_kind("sample") if e["pressure"] == "red"]

@@ -185,12 +185,13 @@ class AdmissionController:
         for req in self.queued:
             if now - req.ready_at < waited_s:
                 continue
+            heavy = is_heavy(req.prediction, self._config)
             charge = admission_charge(req.prediction, self._admitted_total_bytes,
-                                      self._window_bytes,
-                                      heavy=is_heavy(req.prediction, self._config))
+                                      self._window_bytes, heavy=heavy)
+            physical = self.heavy_physical_bytes(charge) if heavy else charge
             fits_window = self._admitted_total_bytes + charge <= self._window_bytes
-            if fits_window and charge > headroom_bytes:
-                return charge
+            if fits_window and physical > headroom_bytes:
+                return physical
         return 0
 
     def withdraw(self, action_id: str) -> bool:
@@ -249,17 +250,35 @@ class AdmissionController:
             return self._heavy[0]
         return None
 
-    def _fits(self, charge: int, reserved: float, physical_left: int) -> str | None:
-        """None if it fits; otherwise the reason it does not."""
+    def heavy_physical_bytes(self, charge: int) -> int:
+        """The headroom a heavy action needs to be admitted: its whole charge, or with heavy
+        starts metered (`PolicyConfig.hold_heavy_starts` off) the bootstrap demand.
+
+        Its logical charge is still its predicted peak, so light actions are not admitted
+        into the room it may grow into. But the gate starts it on the bootstrap demand and
+        meters what it does grow, and reclaim gives idle memory back to a held grower; holding
+        its admission until the domain had physical room for the whole peak made room that
+        a false heavy did not use. On the replay of the real traces a retried workflow's
+        test steps, predicted at 1.7 GiB from a peer's one large run, each queued 12-25 s
+        while idle sandboxes were torn down for them, and peaked at 27-40 MiB."""
+        if self._config.hold_heavy_starts:
+            return charge
+        return min(charge, self._config.bootstrap_demand_bytes)
+
+    def _fits(self, charge: int, reserved: float, physical_left: int, *,
+              physical_bytes: int | None = None) -> str | None:
+        """None if it fits; otherwise the reason it does not. `physical_bytes` is the
+        headroom it needs (its charge unless given)."""
+        physical = charge if physical_bytes is None else physical_bytes
         if self._admitted_total_bytes + charge + reserved > self._window_bytes:
-            if self._admitted_total_bytes == 0 and reserved == 0 and charge <= physical_left:
+            if self._admitted_total_bytes == 0 and reserved == 0 and physical <= physical_left:
                 return None  # alone it may exceed the window, or it could never run
             return (
                 f"logical: {self._admitted_total_bytes} + {charge} + reserved "
                 f"{reserved:.0f} > window {self._window_bytes}"
             )
-        if charge + reserved > physical_left:
-            return f"physical: {charge} + reserved {reserved:.0f} > headroom {physical_left}"
+        if physical + reserved > physical_left:
+            return f"physical: {physical} + reserved {reserved:.0f} > headroom {physical_left}"
         return None
 
     def _admit(self, req: ActionRequest, charge: int, heavy: bool, why: str) -> AdmitDecision:
@@ -281,11 +300,12 @@ class AdmissionController:
             charge = admission_charge(
                 head.prediction, self._admitted_total_bytes, self._window_bytes, heavy=True
             )
-            if self._fits(charge, 0.0, physical_left) is None:
+            physical = self.heavy_physical_bytes(charge)
+            if self._fits(charge, 0.0, physical_left, physical_bytes=physical) is None:
                 self._heavy.pop(0)
                 self._credit_since.pop(head.action_id, None)
                 decisions.append(self._admit(head, charge, True, "heavy head: fits"))
-                physical_left -= charge
+                physical_left -= physical
             else:
                 reserved = min(self.heavy_credit_bytes(now), float(charge))
         remaining: list[ActionRequest] = []

@@ -6,7 +6,11 @@ that folds samples, steps the AIMD budget and remembers denial times.
 
 Invariants (property-tested):
 - green allows every sandbox, except one already held that outgrew its prediction and
-  whose measured demand exceeds H (until waiting cannot help: see below);
+  whose measured demand exceeds H (until waiting cannot help: see below), and one that
+  outgrew its prediction after others still growing whose demands leave it no room in H
+  (`outgrown_queue`);
+- at every level, a sandbox that outgrew its prediction grows only into the room H leaves
+  after the demands of those that outgrew theirs earlier and still grow;
 - the allowed positive demands sum to at most H; under yellow, beyond those that fit
   in the headroom above the yellow line, at most b more; under red at most one;
 - liveness: when no positive-demand sandbox fits H and no other sandbox runs, exactly one
@@ -107,6 +111,49 @@ def gate_demand_bytes(
     return demand
 
 
+def is_outgrown(estimate: GrowthEstimate, cap_bytes: int | None) -> bool:
+    """It grew past its prediction's bound (cap <= 0) and its growth is measured."""
+    return cap_bytes is not None and cap_bytes <= 0 and estimate.rate_bytes_per_s is not None
+
+
+def outgrown_queue(
+    estimates: Mapping[str, GrowthEstimate],
+    demands: Mapping[str, int],
+    headroom_bytes: int,
+    outgrown_since: Mapping[str, float],
+    growth_caps: Mapping[str, int],
+) -> dict[str, str]:
+    """Sandboxes that outgrew their prediction and must wait for ones that outgrew theirs
+    earlier, with the reason.
+
+    Served in the order they outgrew (then id): each may grow only if its demand fits H
+    after the demands of the earlier ones still growing. A misprediction is typically a
+    task whose copies all run the same large step: on the replay of the real traces two
+    copies of a 1.7 GiB test run, both predicted at 140 MiB, were thawed together each time
+    the domain turned green and frozen together when it did not. Each then held half the
+    memory the other needed; after 22 s the one let go as a probe was OOM-killed, and the
+    retried workflow finished last. The later one now waits frozen near its predicted
+    size, so the earlier one can have the domain.
+    """
+    order = sorted(
+        (sid for sid, est in estimates.items()
+         if sid in outgrown_since and demands.get(sid, 0) > 0
+         and is_outgrown(est, growth_caps.get(sid))),
+        key=lambda s: (outgrown_since[s], s))
+    waiting: dict[str, str] = {}
+    ahead = 0
+    first = ""
+    for sid in order:
+        demand = demands[sid]
+        if ahead and ahead + demand > headroom_bytes:
+            waiting[sid] = (f"outgrew its prediction after {first}: demand {demand} B does "
+                            f"not fit headroom {headroom_bytes} B left after {ahead} B "
+                            "ahead of it")
+        first = first or sid
+        ahead += demand
+    return waiting
+
+
 def decide_gate(
     estimates: Mapping[str, GrowthEstimate],
     level: Pressure,
@@ -119,6 +166,8 @@ def decide_gate(
     growth_caps: Mapping[str, int] | None = None,
     free_bytes: int = 0,
     reclaimable_bytes: int = 0,
+    outgrown_since: Mapping[str, float] | None = None,
+    gives_back: Mapping[str, int] | None = None,
 ) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort.
 
@@ -130,11 +179,23 @@ def decide_gate(
     busy domain would serialize every action's start through one slot. Red has no such
     room (H is below the red line). `reclaimable_bytes` is memory that can come back
     without any grower running (idle sandboxes that are being or can be torn down).
+    `outgrown_since` is when each sandbox was first seen past its prediction's bound
+    (`outgrown_queue`); without it outgrown ones are not ordered. `gives_back` is what each
+    sandbox's running action holds beyond where it started: memory its end frees, so
+    waiting for a sandbox at its plateau can help a held grower.
     """
+    gives_back = gives_back or {}
+    caps = growth_caps or {}
+    queued = outgrown_queue(
+        estimates, {sid: gate_demand_bytes(est, caps.get(sid), config)
+                    for sid, est in estimates.items()},
+        headroom_bytes, outgrown_since, caps) if outgrown_since else {}
     if level is Pressure.GREEN:
         kept = _outgrown_kept_under_green(
             estimates, headroom_bytes, now, config, denied_since=denied_since,
-            growth_caps=growth_caps or {}, reclaimable_bytes=reclaimable_bytes)
+            growth_caps=caps, reclaimable_bytes=reclaimable_bytes, waiting=queued,
+            gives_back=gives_back)
+        kept.update({sid: f"green: {why}" for sid, why in queued.items()})
         green_reasons = dict.fromkeys(estimates, "green: all allowed")
         green_reasons.update(kept)
         return GateDecision(
@@ -156,12 +217,16 @@ def decide_gate(
     running_now: set[str] = set()
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
-    caps = growth_caps or {}
+    name = level.name.lower()
     for sid, est in estimates.items():
         demand = gate_demand_bytes(est, caps.get(sid), config)
         if demand <= 0:
             allowed.append(sid)
             reasons[sid] = "no projected growth"
+            continue
+        if sid in queued:
+            denied.append(sid)
+            reasons[sid] = f"{name}: {queued[sid]}"
             continue
         since = denied_since.get(sid)
         waited = None if since is None else now - since
@@ -180,7 +245,6 @@ def decide_gate(
     candidates.sort(key=lambda c: (c[3] not in running_now, c))
     used_bytes = 0
     num_slotted = 0
-    name = level.name.lower()
     for not_overdue, _rank, demand, sid in candidates:
         late = "" if not_overdue else " (overdue)"
         if used_bytes + demand <= free_left:
@@ -203,9 +267,13 @@ def decide_gate(
             kind = "probe" if level is Pressure.RED else f"slot {num_slotted}/{slots}"
             reasons[sid] = f"{name} {kind}: demand {demand} B fits{late}"
     smallest = min((c[2] for c in candidates), default=0)
-    if not allowed and candidates and headroom_bytes + reclaimable_bytes < smallest:
-        # Liveness: no grower fits H, nothing else runs, and even tearing down every idle
-        # sandbox would not make room for one, so waiting cannot help. One runs alone: the one
+    growing = [sid for sid in allowed if reasons[sid] != "no projected growth"]
+    plateaus = sum(gives_back.get(sid, 0) for sid in allowed if sid not in growing)
+    if not growing and candidates and headroom_bytes + reclaimable_bytes + plateaus < smallest:
+        # Liveness: no grower fits H, nothing else grows, and even tearing down every idle
+        # sandbox and waiting for the actions at their plateau to end would not make room
+        # for one, so waiting cannot help (a 36 s action holding 70 MiB kept two held test
+        # runs waiting for 1.2 GiB on the replay). One runs alone: the one
         # closest to done (smallest demand; it frees its memory soonest), among those
         # already running if any (rotating probes every period would let none finish),
         # else among those waiting past the overdue threshold. The safety margin S absorbs
@@ -234,9 +302,12 @@ def _outgrown_kept_under_green(
     denied_since: Mapping[str, float],
     growth_caps: Mapping[str, int],
     reclaimable_bytes: int,
+    waiting: Mapping[str, str],
+    gives_back: Mapping[str, int],
 ) -> dict[str, str]:
     """Held sandboxes that stay held under green, with the reason: those that outgrew their
-    prediction and whose measured demand exceeds H.
+    prediction and whose measured demand exceeds H. `waiting` (held for outgrowing after
+    others) neither counts as growing nor is let go here.
 
     Green is computed from predictions, and an action that outgrew its own says nothing
     more to the pressure level: the domain can look green while a frozen 1.6 GiB grower
@@ -246,8 +317,8 @@ def _outgrown_kept_under_green(
 
     Liveness: when nothing else runs and grows (a held start waits for room too, so it
     does not count: counting it deadlocked the two), it has waited `overdue_after_s` and
-    even tearing down every idle sandbox would not make room, waiting cannot help: the
-    smallest goes.
+    neither tearing down every idle sandbox nor the end of every other running action
+    would make room, waiting cannot help: the smallest goes.
     """
     kept: dict[str, tuple[int, float]] = {}
     others_grow = False
@@ -255,15 +326,19 @@ def _outgrown_kept_under_green(
         cap = growth_caps.get(sid)
         demand = gate_demand_bytes(est, cap, config)
         since = denied_since.get(sid)
-        outgrown = cap is not None and cap <= 0 and est.rate_bytes_per_s is not None
-        if since is not None and outgrown and demand > headroom_bytes:
+        if sid in waiting:
+            continue
+        if since is not None and is_outgrown(est, cap) and demand > headroom_bytes:
             kept[sid] = (demand, since)
         elif demand > 0 and est.allowed and est.rate_bytes_per_s is not None:
             others_grow = True  # measured and running: a start not yet launched is not
     if kept and not others_grow:
         sid = min(kept, key=lambda s: (kept[s][0], s))
         demand, since = kept[sid]
-        if now - since >= config.overdue_after_s and demand > headroom_bytes + reclaimable_bytes:
+        ends_free = sum(gives_back.get(s, 0) for s in estimates
+                        if s not in kept and s not in waiting)
+        if (now - since >= config.overdue_after_s
+                and demand > headroom_bytes + reclaimable_bytes + ends_free):
             del kept[sid]
     return {sid: f"green: outgrew its prediction; demand {demand} B does not fit headroom "
                  f"{headroom_bytes} B" for sid, (demand, _since) in kept.items()}
@@ -282,6 +357,7 @@ class GateController:
         self._estimator = GrowthEstimator(config)
         self._aimd = AimdBudget.initial(config)
         self._denied_since: dict[str, float] = {}
+        self._outgrown_since: dict[str, float] = {}
 
     @property
     def config(self) -> PolicyConfig:
@@ -299,12 +375,17 @@ class GateController:
     def denied_since(self) -> Mapping[str, float]:
         return self._denied_since
 
+    @property
+    def outgrown_since(self) -> Mapping[str, float]:
+        return self._outgrown_since
+
     def observe(self, samples: Iterable[SandboxSample]) -> None:
         self._estimator.observe(samples)
 
     def forget(self, sandbox_id: str) -> None:
         self._estimator.forget(sandbox_id)
         self._denied_since.pop(sandbox_id, None)
+        self._outgrown_since.pop(sandbox_id, None)
 
     def decide(
         self,
@@ -314,8 +395,15 @@ class GateController:
         growth_caps: Mapping[str, int] | None = None,
         free_bytes: int = 0,
         reclaimable_bytes: int = 0,
+        gives_back: Mapping[str, int] | None = None,
     ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
+        caps = growth_caps or {}
+        estimates = self._estimator.estimates
+        previous_outgrown = self._outgrown_since
+        self._outgrown_since = {
+            sid: previous_outgrown.get(sid, now) for sid, est in estimates.items()
+            if is_outgrown(est, caps.get(sid))}
         decision = decide_gate(
             self._estimator.estimates,
             pressure_level,
@@ -327,6 +415,8 @@ class GateController:
             growth_caps=growth_caps,
             free_bytes=free_bytes,
             reclaimable_bytes=reclaimable_bytes,
+            outgrown_since=self._outgrown_since,
+            gives_back=gives_back,
         )
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.

@@ -307,7 +307,9 @@ class Boundary:
             stuck = 0
         budget = rt.domain.budget_bytes or 0
         green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
-        held_bytes = sum(rt.execution.start_demand_bytes(a) for a in held)
+        # a start predicted heavy launches on bootstrap room (`hold_heavy_starts` off): room
+        # for its whole prediction is made only as far as it grows, as for any grower
+        held_bytes = sum(rt.execution.launch_demand_bytes(a) for a in held)
         starving = 0
         if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
             starving = rt.execution.starving_demand_bytes(rt.actions.values(), now)

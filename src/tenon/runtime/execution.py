@@ -207,6 +207,10 @@ class ExecutionLoop:
     def _starts_metered(self, action: RunningAction) -> bool:
         return not self._config.hold_heavy_starts and is_heavy(action.prediction, self._config)
 
+    def launch_demand_bytes(self, action: RunningAction) -> int:
+        """The room a held start needs to launch (`_launch_demand`)."""
+        return self._launch_demand(action, self.start_demand_bytes(action))
+
     def start_demand_bytes(self, action: RunningAction) -> int:
         """What a not yet started action is expected to grow: its prediction (with slack)."""
         return gate_demand_bytes(GrowthEstimate(action.gate_id, None, None, False),
@@ -329,8 +333,11 @@ class ExecutionLoop:
         self.gate.observe(samples)
         caps = {a.gate_id: self.growth_cap(a) for a in started}
         free = self.free_bytes(pressure)
+        gives_back = {a.gate_id: max(a.last_usage_bytes - a.stats.start_bytes, 0)
+                      for a in started if a.stats is not None}
         decision = self.gate.decide(pressure.level, pressure.headroom_bytes, now, caps,
-                                    free_bytes=free, reclaimable_bytes=reclaimable_bytes)
+                                    free_bytes=free, reclaimable_bytes=reclaimable_bytes,
+                                    gives_back=gives_back)
         self.last_decision = decision
         estimates = self.gate.estimates
         rationed = pressure.level is Pressure.GREEN  # held starts: `_ration_starts` counts them
