@@ -198,3 +198,23 @@ def test_resident_only_never_reclaimed(boxes, level, needed_mib) -> None:
     assert all(b.restartable for b in idle if b.sandbox_id in chosen)
     if level is Pressure.GREEN:
         assert not chosen
+
+
+def test_starts_wait_for_a_grower_frozen_past_overdue() -> None:
+    """Under yellow a held grower that does not fit keeps its place: a start that holds no
+    memory yet does not take the slot and the room it waits for. Without a frozen grower
+    past overdue the start goes."""
+    ests = {"grower": make_estimate("grower", 400 * MIB, 9.0, False),
+            "start": make_estimate("start", None, None, False)}
+
+    def decide(grower_since: float):
+        return decide_gate(ests, Pressure.YELLOW, 300 * MIB, 10.0, CONFIG, budget_b=1,
+                           denied_since={"grower": grower_since},
+                           growth_caps={"grower": 800 * MIB, "start": 64 * MIB},
+                           reclaimable_bytes=1024 * MIB, pending=frozenset({"start"}))
+
+    held = decide(grower_since=5.0)  # denied 5 s: overdue
+    assert held.denied == {"grower", "start"}
+    assert "waits for grower" in held.reasons["start"]
+    fresh = decide(grower_since=9.5)  # denied 0.5 s: not yet overdue
+    assert "start" in fresh.allowed

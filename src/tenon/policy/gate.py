@@ -76,6 +76,8 @@ class GateDecision:
     pressure: Pressure
     headroom_bytes: int
     reasons: Mapping[str, str]
+    outgrown_waiting: frozenset[str] = frozenset()
+    """Denied only to wait for sandboxes that outgrew their prediction earlier."""
 
 
 def gate_demand_bytes(
@@ -168,6 +170,7 @@ def decide_gate(
     reclaimable_bytes: int = 0,
     outgrown_since: Mapping[str, float] | None = None,
     gives_back: Mapping[str, int] | None = None,
+    pending: frozenset[str] = frozenset(),
 ) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort.
 
@@ -182,7 +185,9 @@ def decide_gate(
     `outgrown_since` is when each sandbox was first seen past its prediction's bound
     (`outgrown_queue`); without it outgrown ones are not ordered. `gives_back` is what each
     sandbox's running action holds beyond where it started: memory its end frees, so
-    waiting for a sandbox at its plateau can help a held grower.
+    waiting for a sandbox at its plateau can help a held grower. `pending` are actions held
+    before their start (they hold no memory yet): under yellow and red they come after
+    sandboxes that do, overdue or not.
     """
     gives_back = gives_back or {}
     caps = growth_caps or {}
@@ -205,6 +210,7 @@ def decide_gate(
             level,
             headroom_bytes,
             green_reasons,
+            frozenset(queued),
         )
     slots = budget_b if level is Pressure.YELLOW else 1
     free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
@@ -242,7 +248,10 @@ def decide_gate(
     # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
     # to an overdue one freezes both with half their memory allocated, and rotating probes
     # this way lets none finish. Overdue ones get the next slot that frees.
-    candidates.sort(key=lambda c: (c[3] not in running_now, c))
+    # Then sandboxes holding memory, before starts that hold none: a start given the slot
+    # takes the room a frozen grower waits for (on the replay a held 1.6 GiB test run
+    # waited 35 s while small starts took the yellow slot one by one, then was OOM-killed).
+    candidates.sort(key=lambda c: (c[3] not in running_now, c[3] in pending, c))
     used_bytes = 0
     num_slotted = 0
     for not_overdue, _rank, demand, sid in candidates:
@@ -266,6 +275,16 @@ def decide_gate(
             allowed.append(sid)
             kind = "probe" if level is Pressure.RED else f"slot {num_slotted}/{slots}"
             reasons[sid] = f"{name} {kind}: demand {demand} B fits{late}"
+    starving = [c[3] for c in candidates if c[3] in denied and c[3] not in pending
+                and not c[0]]
+    if starving:
+        # A grower frozen past overdue holds what it has allocated and waits for room:
+        # starts (holding nothing yet) wait for it, or they take that room one by one.
+        for sid in [sid for sid in allowed if sid in pending]:
+            allowed.remove(sid)
+            denied.append(sid)
+            reasons[sid] = f"{name}: waits for {starving[0]}, held past overdue"
+        candidates = [c for c in candidates if c[3] not in pending]
     smallest = min((c[2] for c in candidates), default=0)
     growing = [sid for sid in allowed if reasons[sid] != "no projected growth"]
     plateaus = sum(gives_back.get(sid, 0) for sid in allowed if sid not in growing)
@@ -289,7 +308,8 @@ def decide_gate(
             kind = "running probe continues" if running else "overdue probe"
             reasons[sid] = f"{name} {kind}: nothing else may grow"
     return GateDecision(
-        frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons
+        frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons,
+        frozenset(queued),
     )
 
 
@@ -396,6 +416,7 @@ class GateController:
         free_bytes: int = 0,
         reclaimable_bytes: int = 0,
         gives_back: Mapping[str, int] | None = None,
+        pending: frozenset[str] = frozenset(),
     ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
         caps = growth_caps or {}
@@ -417,6 +438,7 @@ class GateController:
             reclaimable_bytes=reclaimable_bytes,
             outgrown_since=self._outgrown_since,
             gives_back=gives_back,
+            pending=pending,
         )
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.

@@ -114,6 +114,7 @@ class ExecutionLoop:
         self.last_decision: GateDecision | None = None
         self._last_logged: tuple[Any, ...] = ()
         self._free_left = 0  # room above the yellow line not yet handed out this period
+        self._starving: frozenset[str] = frozenset()  # launched growers denied past overdue
         self.num_ticks = 0
         self._num_launched = 0  # actions whose exec began and has not returned
 
@@ -184,7 +185,9 @@ class ExecutionLoop:
         if not self._use_gate or pressure is None:
             return self._launch(action)
         demand = self.start_demand_bytes(action)
-        if demand <= 0 or (pressure.level is not Pressure.RED
+        if demand > 0 and self._starving:
+            pass  # held: a grower frozen past overdue waits for the room (`_gate`)
+        elif demand <= 0 or (pressure.level is not Pressure.RED
                            and self._launch_demand(action, demand) <= self._free_left) or (
                 pressure.level is Pressure.GREEN and not self._num_launched):
             self._free_left -= max(demand, 0)  # the whole demand: no other start takes it
@@ -335,9 +338,19 @@ class ExecutionLoop:
         free = self.free_bytes(pressure)
         gives_back = {a.gate_id: max(a.last_usage_bytes - a.stats.start_bytes, 0)
                       for a in started if a.stats is not None}
+        pending = frozenset(a.gate_id for a in started if a.pending)
         decision = self.gate.decide(pressure.level, pressure.headroom_bytes, now, caps,
                                     free_bytes=free, reclaimable_bytes=reclaimable_bytes,
-                                    gives_back=gives_back)
+                                    gives_back=gives_back, pending=pending)
+        # A grower frozen past overdue (it holds what it has allocated) is waited for:
+        # no start launches until it runs again, or starts take the room it needs.
+        denied_since = self.gate.denied_since
+        overdue_after = self._config.overdue_after_s
+        self._starving = frozenset(
+            a.gate_id for a in started
+            if a.launched and a.gate_id in decision.denied
+            and a.gate_id not in decision.outgrown_waiting  # it waits for another grower
+            and now - denied_since.get(a.gate_id, now) >= overdue_after)
         self.last_decision = decision
         estimates = self.gate.estimates
         rationed = pressure.level is Pressure.GREEN  # held starts: `_ration_starts` counts them
@@ -347,6 +360,8 @@ class ExecutionLoop:
             if a.gate_id in decision.allowed and a.gate_id in estimates
             and not (a.pending and rationed))
         kept = self._ration_starts(now, started, decision, pressure, free)
+        if self._starving:
+            kept |= {a.gate_id for a in started if a.pending and a.gate_id in decision.allowed}
         changes = [
             (a, a.gate_id in decision.allowed)
             for a in started
