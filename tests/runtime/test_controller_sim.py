@@ -808,3 +808,40 @@ def test_two_copies_of_a_mispredicted_large_run_take_turns_instead_of_deadlockin
     assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
     assert oom_kills == 0
     assert any("outgrew its prediction after" in g["reason"] for g in gates)
+
+
+def test_tenon_keeps_at_most_the_backends_live_workflows(tmp_path: Path) -> None:
+    """With `max_live_workflows` 2, a third workflow starts only when one of the first two
+    ends; the backend's hint stands in for "auto"."""
+    async def body(rt, domain, backend, clock):
+        async def workflow() -> tuple[float, float]:
+            agent = await rt.create_agent(image="sim")
+            started = clock.now()
+            await agent.run(load(10, 10, 2.0), timeout=60)
+            await agent.close()
+            return started, clock.now()
+
+        spans = await asyncio.gather(*(workflow() for _ in range(3)))
+        return spans, rt.config.max_live_workflows, rt.events.of_kind("workflow_start")
+
+    class _Backend(SimBackend):
+        @staticmethod
+        def live_workflow_cap() -> int:
+            return 2
+
+    clock = FakeClock()
+    domain = SimDomain(GIB)
+    backend = _Backend(domain, clock)
+
+    async def main() -> Any:
+        runtime = Runtime(domain=domain, backend=backend, state_dir=tmp_path / "state",
+                          clock=clock, keep_events=True, blocking=run_inline,
+                          predictor=FixedPredictor(10 * MIB, 20 * MIB))
+        async with runtime:
+            return await body(runtime, domain, backend, clock)
+
+    spans, cap, starts = asyncio.run(run_simulated(main(), clock))
+    assert cap == 2
+    first_end = min(end for _, end in spans)
+    assert sorted(s for s, _ in spans)[2] >= first_end  # the third waited for a place
+    assert max(e["waited_s"] for e in starts) > 1.5

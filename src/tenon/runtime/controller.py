@@ -150,6 +150,10 @@ class Runtime:
             hint = getattr(backend, "admission_cap", None)
             self.config = self.config.model_copy(
                 update={"max_admitted_actions": hint() if hint is not None else None})
+        if self.config.max_live_workflows == "auto":
+            hint = getattr(backend, "live_workflow_cap", None)
+            self.config = self.config.model_copy(
+                update={"max_live_workflows": hint() if hint is not None else None})
         self.clock = clock or SystemClock()
         self.domain = domain
         self.backend = backend
@@ -174,7 +178,11 @@ class Runtime:
             domain=domain, config=self.config, events=self.events, use_gate=self.spec.use_gate,
             agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP, now=self.clock.now,
         )
-        self.workflows = WorkflowGate(self.spec, budget)
+        live = self.config.max_live_workflows
+        self.workflows = WorkflowGate(
+            self.spec, budget,
+            max_live=live if self.spec.kind is PolicyKind.TENON and isinstance(live, int)
+            else None)
         self.lifecycle = Lifecycle(self.config.lifecycle_limit)
         self.waker = Waker()
         self.agents: dict[str, AgentState] = {}

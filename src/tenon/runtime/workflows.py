@@ -2,8 +2,9 @@
 
 `static-N` admits at most N workflows at once; `reservation` admits a workflow while the
 profiled lifetime peaks of the admitted ones fit the budget; everything else (Tenon, eager,
-agentcgroup) admits a workflow at once. The decisions are the pure functions of
-`policy.baselines`; this is the queue of waiting callers around them.
+agentcgroup) admits a workflow at once, except that Tenon keeps at most `max_live` live
+(`PolicyConfig.max_live_workflows`: what the backend can serve). The decisions are the pure
+functions of `policy.baselines`; this is the queue of waiting callers around them.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ logger = logging.getLogger(__name__)
 class WorkflowGate:
     """FIFO of workflows waiting to start; `enter` returns once the policy admits one."""
 
-    def __init__(self, spec: PolicySpec, budget_bytes: int | None) -> None:
+    def __init__(self, spec: PolicySpec, budget_bytes: int | None, *,
+                 max_live: int | None = None) -> None:
         if spec.kind is PolicyKind.RESERVATION and budget_bytes is None:
             raise ConfigError("the reservation policy needs a budget")
         self._spec = spec
         self._budget_bytes = budget_bytes
+        self._max_live = max_live
         self._queue: list[tuple[WorkflowRequest, asyncio.Future[None]]] = []
         self._running: dict[str, int] = {}  # workflow id -> profiled peak
 
@@ -79,6 +82,8 @@ class WorkflowGate:
             admitted = reservation_admit(
                 queued, sum(self._running.values()), self._budget_bytes
             )
+        elif self._max_live is not None:
+            admitted = static_admit(queued, len(self._running), self._max_live)
         else:
             admitted = [r.workflow_id for r in queued]
         chosen = set(admitted)

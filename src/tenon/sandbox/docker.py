@@ -171,6 +171,13 @@ class DockerBackend:
         418.4 s capped at 16 and 342.6 s at 8 (bench/results/README.md, session 6)."""
         return 4 * len(os.sched_getaffinity(0))
 
+    @classmethod
+    def live_workflow_cap(cls) -> int:
+        """Workflows worth keeping live at once: twice the action cap, so that one's model
+        wait leaves a ready action to serve. More only queue, and each of their sandboxes
+        is torn down and rebuilt while it waits (`PolicyConfig.max_live_workflows`)."""
+        return 2 * cls.admission_cap()
+
     def check(self, image: str = "tenon-base:bookworm") -> list[str]:
         try:
             client = self.client
