@@ -41,13 +41,15 @@ def _estimates(items: list[tuple[float | None, bool]]):
     st.dictionaries(st.sampled_from([f"sb-{i}" for i in range(40)]),
                     st.integers(-64 * MIB, 512 * MIB)),
     st.dictionaries(st.sampled_from([f"sb-{i}" for i in range(40)]), st.floats(0, 10)),
+    st.frozensets(st.sampled_from([f"sb-{i}" for i in range(40)])),
 )
 def test_gate_invariants(items, level, headroom, b, denied_since, free, caps,
-                         outgrown_since) -> None:
+                         outgrown_since, pending) -> None:
     ests = _estimates(items)
     now = 10.0
     d = decide_gate(ests, level, headroom, now, CONFIG, budget_b=b, denied_since=denied_since,
-                    growth_caps=caps, free_bytes=free, outgrown_since=outgrown_since)
+                    growth_caps=caps, free_bytes=free, outgrown_since=outgrown_since,
+                    pending=pending)
     assert d.allowed | d.denied == frozenset(ests)
     assert not d.allowed & d.denied
     demand = {s: gate_demand_bytes(ests[s], caps.get(s), CONFIG) for s in ests}
@@ -80,6 +82,11 @@ def test_gate_invariants(items, level, headroom, b, denied_since, free, caps,
                 assert now - denied_since[s] >= CONFIG.overdue_after_s
         return
     positive = [s for s in d.allowed if demand[s] > 0]
+    # Starts wait while a sandbox holding memory is held past overdue (not for its turn).
+    starving = [s for s in d.denied if s not in pending and s not in queued and demand[s] > 0
+                and s in denied_since and now - denied_since[s] >= CONFIG.overdue_after_s]
+    if starving:
+        assert not [s for s in positive if s in pending]
     probes = [s for s in positive if "probe" in d.reasons[s] and "fits" not in d.reasons[s]]
     if probes:
         # The one allowance beyond H: a lone probe when nothing fits, either the grower that

@@ -13,10 +13,12 @@ Invariants (property-tested):
   after the demands of those that outgrew theirs earlier and still grow;
 - the allowed positive demands sum to at most H; under yellow, beyond those that fit
   in the headroom above the yellow line, at most b more; under red at most one;
-- liveness: when no positive-demand sandbox fits H and no other sandbox runs, exactly one
-  still runs alone as a probe: the one already running, else one denied for at least
-  `overdue_after_s` (the only allowance beyond H);
-- a denied sandbox stays denied at least `min_denial_wait_s` unless green.
+- liveness: when no positive-demand sandbox fits H and no other sandbox grows (those at
+  their plateau may run on), exactly one still runs alone as a probe: the one already
+  running, else one denied for at least `overdue_after_s` (the only allowance beyond H);
+- a denied sandbox stays denied at least `min_denial_wait_s` unless green;
+- under yellow and red, while a sandbox holding memory is denied past `overdue_after_s`,
+  no start (`pending`) is allowed.
 """
 
 from __future__ import annotations
