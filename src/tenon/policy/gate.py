@@ -80,6 +80,9 @@ class GateDecision:
     reasons: Mapping[str, str]
     outgrown_waiting: frozenset[str] = frozenset()
     """Denied only to wait for sandboxes that outgrew their prediction earlier."""
+    starving: frozenset[str] = frozenset()
+    """Holding memory and denied past `overdue_after_s` for room (not for their turn among
+    outgrown growers): while any is, no start launches."""
 
 
 def gate_demand_bytes(
@@ -202,6 +205,8 @@ def decide_gate(
             estimates, headroom_bytes, now, config, denied_since=denied_since,
             growth_caps=caps, reclaimable_bytes=reclaimable_bytes, waiting=queued,
             gives_back=gives_back)
+        starving = frozenset(sid for sid in kept
+                             if now - denied_since[sid] >= config.overdue_after_s)
         kept.update({sid: f"green: {why}" for sid, why in queued.items()})
         green_reasons = dict.fromkeys(estimates, "green: all allowed")
         green_reasons.update(kept)
@@ -213,6 +218,7 @@ def decide_gate(
             headroom_bytes,
             green_reasons,
             frozenset(queued),
+            starving,
         )
     slots = budget_b if level is Pressure.YELLOW else 1
     free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
@@ -311,7 +317,7 @@ def decide_gate(
             reasons[sid] = f"{name} {kind}: nothing else may grow"
     return GateDecision(
         frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons,
-        frozenset(queued),
+        frozenset(queued), frozenset(starving),
     )
 
 

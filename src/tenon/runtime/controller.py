@@ -146,14 +146,12 @@ class Runtime:
     ) -> None:
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
-        if self.config.max_admitted_actions == "auto":  # the backend knows its own limits
-            hint = getattr(backend, "admission_cap", None)
-            self.config = self.config.model_copy(
-                update={"max_admitted_actions": hint() if hint is not None else None})
-        if self.config.max_live_workflows == "auto":
-            hint = getattr(backend, "live_workflow_cap", None)
-            self.config = self.config.model_copy(
-                update={"max_live_workflows": hint() if hint is not None else None})
+        for key, hint_name in (("max_admitted_actions", "admission_cap"),
+                               ("max_live_workflows", "live_workflow_cap")):
+            if getattr(self.config, key) == "auto":  # the backend knows its own limits
+                hint = getattr(backend, hint_name, None)
+                self.config = self.config.model_copy(
+                    update={key: hint() if hint is not None else None})
         self.clock = clock or SystemClock()
         self.domain = domain
         self.backend = backend

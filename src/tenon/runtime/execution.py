@@ -114,7 +114,7 @@ class ExecutionLoop:
         self.last_decision: GateDecision | None = None
         self._last_logged: tuple[Any, ...] = ()
         self._free_left = 0  # room above the yellow line not yet handed out this period
-        self._starving: frozenset[str] = frozenset()  # launched growers denied past overdue
+        self._starving: frozenset[str] = frozenset()  # `GateDecision.starving`, last tick
         self.num_ticks = 0
         self._num_launched = 0  # actions whose exec began and has not returned
 
@@ -344,13 +344,7 @@ class ExecutionLoop:
                                     gives_back=gives_back, pending=pending)
         # A grower frozen past overdue (it holds what it has allocated) is waited for:
         # no start launches until it runs again, or starts take the room it needs.
-        denied_since = self.gate.denied_since
-        overdue_after = self._config.overdue_after_s
-        self._starving = frozenset(
-            a.gate_id for a in started
-            if a.launched and a.gate_id in decision.denied
-            and a.gate_id not in decision.outgrown_waiting  # it waits for another grower
-            and now - denied_since.get(a.gate_id, now) >= overdue_after)
+        self._starving = decision.starving
         self.last_decision = decision
         estimates = self.gate.estimates
         rationed = pressure.level is Pressure.GREEN  # held starts: `_ration_starts` counts them
