@@ -205,8 +205,8 @@ def decide_gate(
             estimates, headroom_bytes, now, config, denied_since=denied_since,
             growth_caps=caps, reclaimable_bytes=reclaimable_bytes, waiting=queued,
             gives_back=gives_back)
-        starving = frozenset(sid for sid in kept
-                             if now - denied_since[sid] >= config.overdue_after_s)
+        held_long = frozenset(sid for sid in kept
+                              if now - denied_since[sid] >= config.overdue_after_s)
         kept.update({sid: f"green: {why}" for sid, why in queued.items()})
         green_reasons = dict.fromkeys(estimates, "green: all allowed")
         green_reasons.update(kept)
@@ -218,7 +218,7 @@ def decide_gate(
             headroom_bytes,
             green_reasons,
             frozenset(queued),
-            starving,
+            held_long,
         )
     slots = budget_b if level is Pressure.YELLOW else 1
     free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
