@@ -13,7 +13,7 @@ from tenon.cli.main import app
 from tenon.errors import ConfigError, TraceError
 from tenon.replay.bench import BenchConfig, run_bench
 from tenon.replay.report import draw
-from tenon.replay.schedule import make_schedule, oversubscription
+from tenon.replay.schedule import make_schedule, makespan_bound_s, oversubscription
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header, write_trace
 
 MIB = 1 << 20
@@ -44,10 +44,12 @@ def config(tmp_path: Path, trace: Path, **overrides) -> BenchConfig:
 
 
 def test_schedule_bursts_cycle_the_trace_and_speed_divides_time() -> None:
-    workflows = [make_workflow("a", submit_s=10.0), make_workflow("b", submit_s=20.0)]
+    workflows = [make_workflow("a", submit_s=10.0), make_workflow("b", submit_s=20.0, steps=5)]
     burst = make_schedule(workflows, qps=2.0, window_s=2.5, speed=4.0)
     assert [s.instance for s in burst] == ["a#0", "b#0", "a#1", "b#1", "a#2"]
     assert [s.submit_s for s in burst] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    # a takes 3 x (1 s wait + 2 s action) / 4 = 2.25 s, b 3.75 s: b#1 ends last, not a#2
+    assert makespan_bound_s(burst, 4.0) == pytest.approx(1.5 + 3.75)
     at_trace_times = make_schedule(workflows, qps=None, speed=4.0)
     assert [s.submit_s for s in at_trace_times] == [2.5, 5.0]
     assert oversubscription(burst, GIB) == pytest.approx(5 * 300 / 1024)
@@ -80,6 +82,11 @@ def test_bench_runs_every_policy_with_retries_and_writes_the_exact_keys(tmp_path
     assert all(p.stat().st_size > 0 for p in written)
     table = (tmp_path / "run" / "table.md").read_text()
     assert "| tenon | 12/12 |" in table
+    # no policy beats the bound; 12 three-step workflows, the last submitted at 2.75 s
+    assert summary["makespan_bound_s"] == pytest.approx(2.75 + 3 * 3.0)
+    assert all(p["makespan_s"] >= summary["makespan_bound_s"]
+               for p in summary["policies"].values())
+    assert f"no policy can finish before {summary['makespan_bound_s']:.1f} s" in table
 
 
 def test_budget_smaller_than_the_largest_action_is_refused_by_name(tmp_path: Path) -> None:

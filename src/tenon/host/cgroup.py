@@ -128,8 +128,8 @@ class SandboxCgroup:
         cpu_stat = mem / "cpu.stat"  # present even when the cpu controller is not enabled
         cpu_s = read_keyed(cpu_stat).get("usage_usec", 0) / 1e6 if cpu_stat.exists() else 0.0
         ooms = read_keyed(mem / "memory.events").get("oom_kill", 0)
-        limit = None if limit_text == "max" else int(limit_text)
-        return MemoryReading(usage, peak, limit, cpu_s, ooms)
+        max_bytes = None if limit_text == "max" else int(limit_text)
+        return MemoryReading(usage, peak, max_bytes, cpu_s, ooms)
 
     def reset_peak(self) -> bool:
         """Restart the high-water mark at the current usage, so the next reading's peak is

@@ -40,7 +40,8 @@ class UnscriptedError(HostError, LookupError):
     """The fake was asked for something its script does not cover."""
 
 
-def _pressure_text(some10=0.0, some60=0.0, full10=0.0, full60=0.0, some_us=0, full_us=0) -> str:
+def _pressure_text(some10: float = 0.0, some60: float = 0.0, full10: float = 0.0,
+                   full60: float = 0.0, some_us: int = 0, full_us: int = 0) -> str:
     return (f"some avg10={some10:.2f} avg60={some60:.2f} avg300=0.00 total={some_us}\n"
             f"full avg10={full10:.2f} avg60={full60:.2f} avg300=0.00 total={full_us}\n")
 

@@ -31,7 +31,12 @@ from tenon.predict.crossfit import crossfit_predictor
 from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.replay.driver import WorkflowRecord, replay
-from tenon.replay.schedule import Submission, make_schedule, oversubscription
+from tenon.replay.schedule import (
+    Submission,
+    make_schedule,
+    makespan_bound_s,
+    oversubscription,
+)
 from tenon.replay.trace import Trace, load_trace
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
@@ -189,6 +194,7 @@ async def run_bench(
         "budget_bytes": config.budget_bytes,
         "oversubscription": round(oversubscription(submissions, config.budget_bytes), 3),
         "workflows": len(submissions),
+        "makespan_bound_s": round(makespan_bound_s(submissions, config.speed), 3),
         "policies": {},
         "meta": {"trace": str(config.trace), "backend": config.backend, "speed": config.speed,
                  "qps": config.qps, "window_s": config.window_s,

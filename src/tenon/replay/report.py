@@ -36,6 +36,10 @@ def table_markdown(summary: dict[str, Any]) -> str:
     head = (f"{summary['workflows']} workflows, budget {format_bytes(summary['budget_bytes'])}, "
             f"oversubscription {summary['oversubscription']:.2f}x, backend "
             f"{meta.get('backend', '?')}, speed {meta.get('speed', '?')}x")
+    bound = summary.get("makespan_bound_s")  # absent from summaries written before it was
+    if bound is not None:
+        head += (f"; no policy can finish before {bound:.1f} s (the latest any workflow "
+                 "ends if it runs alone from its submission)")
     lines = [head, "",
              "| policy | completed | makespan (s) | p50 latency (s) | peak memory | OOM kills | "
              "timeouts | attempts | failed attempts |",
@@ -105,6 +109,8 @@ def draw(run_dir: Path) -> list[Path]:
         ax.tick_params(axis="x", rotation=30, labelsize=8)
         if key == "peak_memory_bytes":
             ax.axhline(budget_gib, color="tab:red", ls="--", lw=1)
+        if key == "makespan_s" and summary.get("makespan_bound_s") is not None:
+            ax.axhline(summary["makespan_bound_s"], color="tab:green", ls="--", lw=1)
     fig.tight_layout()
     bars = run_dir / "bars.png"
     fig.savefig(bars, dpi=110)

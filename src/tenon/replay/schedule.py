@@ -54,3 +54,15 @@ def make_schedule(
 def oversubscription(submissions: Sequence[Submission], budget_bytes: int) -> float:
     """Sum of the submitted workflows' profiled peaks over the budget."""
     return sum(s.workflow.profiled_peak_bytes for s in submissions) / budget_bytes
+
+
+def makespan_bound_s(submissions: Sequence[Submission], speed: float) -> float:
+    """The makespan no policy can beat: the latest a submission's own length (its model
+    waits and recorded action durations, divided by `speed`) ends after its submit time.
+
+    It ignores everything that only makes a replay slower (sandbox starts, CPU, memory), so
+    it is the reference for how far a policy is from ideal, not a target it can reach.
+    """
+    return max((s.submit_s + sum(st.model_wait_s + st.action.duration_s
+                                 for st in s.workflow.steps) / speed
+                for s in submissions), default=0.0)

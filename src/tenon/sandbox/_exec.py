@@ -10,6 +10,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from tenon.errors import SandboxError
 from tenon.host import procs
@@ -175,9 +176,10 @@ async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,
 
     os.set_blocking(fd, False)
     loop.add_reader(fd, on_readable)
-    exited = asyncio.ensure_future(proc.wait())
+    exited: asyncio.Future[int] = asyncio.ensure_future(proc.wait())
+    waiting: set[asyncio.Future[Any]] = {ready, exited}
     try:
-        await asyncio.wait({ready, exited}, timeout=timeout_s,
+        await asyncio.wait(waiting, timeout=timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
     finally:
         loop.remove_reader(fd)

@@ -221,10 +221,11 @@ class DockerBackend:
         except Exception as exc:  # requests' ConnectionError and friends
             raise BackendUnavailable(f"Docker Engine failed ({exc}); {_DAEMON_FIX}") from exc
         try:
-            _first_exec(client, container.id, time.monotonic() + _READY_TIMEOUT_S)
+            container_id = _created_id(container)
+            _first_exec(client, container_id, time.monotonic() + _READY_TIMEOUT_S)
             container.reload()
             init_pid = int(container.attrs["State"]["Pid"])
-            relative = _container_cgroup(init_pid, self.domain.name, container.id)
+            relative = _container_cgroup(init_pid, self.domain.name, container_id)
             cgroup = self.domain.adopt(spec.sandbox_id, relative)
             # Snapshot after the first exec has exited: docker-init and its idle child.
             init_pids = frozenset(cgroup.pids())
@@ -363,7 +364,7 @@ class DockerSandbox:
             if self.upper_dir is not None and self.upper_dir.is_dir():
                 changed = _walk_upper(self.upper_dir)
             else:
-                changed = [(c["Path"], c["Kind"] == 0) for c in self.container.diff() or []]
+                changed = [(str(c["Path"]), c["Kind"] == 0) for c in self.container.diff() or []]
         except Exception as exc:
             logger.warning("sandbox %s: cannot list changes: %s", self.spec.sandbox_id, exc)
             return None
@@ -419,12 +420,19 @@ def _untracked(path: str, is_dir: bool) -> bool:
     return is_dir and any(m.startswith(path + "/") for m in _MOUNT_POINTS)
 
 
+def _created_id(container: Container) -> str:
+    """A created container's id (the SDK types it optional: a model built without attrs)."""
+    if container.id is None:
+        raise SandboxError(f"Docker returned a container without an id: {container!r}")
+    return container.id
+
+
 def _drain(raw: Any, buf: bytearray, max_bytes: int) -> bool:
     """Copy exec output frames into `buf`, keeping at most `max_bytes` but reading on to the
     end, so the writer never blocks on a full pipe. Returns truncated."""
     truncated = False
     with contextlib.suppress(OSError):
-        for _, payload in frames_iter(raw, tty=False):
+        for _, payload in frames_iter(raw, tty=False):  # type: ignore[no-untyped-call]
             room = max(max_bytes - len(buf), 0)
             truncated |= len(payload) > room
             buf += payload[:room]
@@ -469,7 +477,7 @@ def bare_docker_lifecycle(
             container = client.containers.create(labels={"tenon.bare": "1"}, **options)
             try:
                 container.start()
-                _first_exec(client, container.id, time.monotonic() + _READY_TIMEOUT_S)
+                _first_exec(client, _created_id(container), time.monotonic() + _READY_TIMEOUT_S)
                 times_ms["bare_run_ms"].append((time.perf_counter() - start) * 1000)
             finally:
                 start = time.perf_counter()
