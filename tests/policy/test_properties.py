@@ -123,6 +123,17 @@ def test_overdue_head_probes_alone_when_nothing_fits() -> None:
     beside = decide_gate(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
                          denied_since={"sb-0": 9.0, "sb-1": 8.5})
     assert beside.allowed == frozenset({"sb-1", "plateau"})
+    # ...unless its end would make the room: then the probe waits for it, but only for
+    # `plateau_patience_s` (at 3x a test run 0.1 GiB short waited 32 s for 40 s actions).
+    gives = {"plateau": 400 * MIB}
+    waits = decide_gate(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
+                        denied_since={"sb-0": 9.0, "sb-1": 8.5}, gives_back=gives)
+    assert waits.allowed == frozenset({"plateau"})
+    patience_over = 8.5 + CONFIG.plateau_patience_s + 0.1
+    waited = decide_gate(ests, Pressure.RED, 10 * MIB, patience_over, CONFIG, budget_b=1,
+                         denied_since={"sb-0": 9.0, "sb-1": 8.5}, gives_back=gives)
+    assert waited.allowed == frozenset({"sb-1", "plateau"})
+    assert "overdue probe" in waited.reasons["sb-1"]
 
 
 @given(st.lists(levels, max_size=60), st.floats(0.05, 3.0))

@@ -65,6 +65,14 @@ class PolicyConfig(BaseModel):
         ge=0.0,
         description="A sandbox denied this long is considered before all others.",
     )
+    plateau_patience_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description=(
+            "How long a denied grower waits for running actions at their plateau to end "
+            "and make its room before the liveness probe lets one grower run anyway."
+        ),
+    )
     starvation_after_s: float = Field(
         default=30.0,
         gt=0.0,

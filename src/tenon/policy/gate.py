@@ -14,7 +14,8 @@ Invariants (property-tested):
 - the allowed positive demands sum to at most H; under yellow, beyond those that fit
   in the headroom above the yellow line, at most b more; under red at most one;
 - liveness: when no positive-demand sandbox fits H and no other sandbox grows (those at
-  their plateau may run on), exactly one still runs alone as a probe: the one already
+  their plateau may run on; their ends are waited for at most `plateau_patience_s`),
+  exactly one still runs alone as a probe: the one already
   running, else one denied for at least `overdue_after_s` (the only allowance beyond H);
 - a denied sandbox stays denied at least `min_denial_wait_s` unless green;
 - under yellow and red, while a sandbox holding memory is denied past `overdue_after_s`,
@@ -229,6 +230,7 @@ def decide_gate(
     # a grower that is running keeps its place ahead of everyone (see below).
     candidates: list[tuple[bool, int, int, str]] = []
     running_now: set[str] = set()
+    longest_wait = 0.0  # of the denied growers still candidates
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
     name = level.name.lower()
@@ -249,6 +251,7 @@ def decide_gate(
             reasons[sid] = f"denied {waited:.2f}s ago; waits {min_wait:.2f}s"
             continue
         overdue = waited is not None and waited >= overdue_after
+        longest_wait = max(longest_wait, waited or 0.0)
         state = classify(est, now, config)
         if state is GrowthState.GROWING:
             running_now.add(sid)
@@ -296,11 +299,15 @@ def decide_gate(
     smallest = min((c[2] for c in candidates), default=0)
     growing = [sid for sid in allowed if reasons[sid] != "no projected growth"]
     plateaus = sum(gives_back.get(sid, 0) for sid in allowed if sid not in growing)
+    if longest_wait >= config.plateau_patience_s:
+        plateaus = 0  # their ends have been waited for long enough: they may be minutes off
     if not growing and candidates and headroom_bytes + reclaimable_bytes + plateaus < smallest:
         # Liveness: no grower fits H, nothing else grows, and even tearing down every idle
         # sandbox and waiting for the actions at their plateau to end would not make room
         # for one, so waiting cannot help (a 36 s action holding 70 MiB kept two held test
-        # runs waiting for 1.2 GiB on the replay). One runs alone: the one
+        # runs waiting for 1.2 GiB on the replay). Waiting for those ends is given
+        # `plateau_patience_s`: at 3x on the replay a test run frozen 0.1 GiB short waited
+        # 32 s, the host idle, for 40 s and 120 s actions to end. One runs alone: the one
         # closest to done (smallest demand; it frees its memory soonest), among those
         # already running if any (rotating probes every period would let none finish),
         # else among those waiting past the overdue threshold. The safety margin S absorbs
