@@ -339,3 +339,34 @@ def test_an_outgrown_grower_demands_at_least_its_overshoot_while_it_grows(
                            budget_b=1, denied_since={"big": 8.0},
                            growth_caps={"big": -overshoot}, free_bytes=400 * MIB)
     assert ("big" in decision.denied) == bool(fraction)
+
+
+def test_a_probe_let_go_past_plateau_patience_keeps_running() -> None:
+    """A grower with no room, beside an action at its plateau whose end would make it: the
+    gate waits `plateau_patience_s` for that end, then lets the grower run as the probe and
+    keeps it running. The probe's own brief runs must not restart the wait (at 3x on the
+    replay a test run then grew for 0.2 s every 5 s, for 27 s)."""
+    config = PolicyConfig()
+    gate = GateController(config)
+    usage = {"grower": 64 * MIB, "plateau": 512 * MIB}
+    cpu = {"grower": 0.3, "plateau": 0.3}
+    allowed = {"grower", "plateau"}
+    ran_at: list[float] = []
+    for k in range(-3, 0):  # both measured first: the plateau's rate is 0, not unknown
+        gate.observe(make_sample(s, k * 0.1, usage[s], (k + 3) * 0.1, True) for s in usage)
+    for k in range(200):
+        now = k * 0.1
+        for s in allowed:
+            cpu[s] += 0.1
+        if "grower" in allowed:
+            usage["grower"] += 8 * MIB
+        gate.observe(make_sample(s, now, usage[s], cpu[s], s in allowed) for s in usage)
+        decision = gate.decide(Pressure.YELLOW, 16 * MIB, now,
+                               gives_back={"plateau": 448 * MIB})
+        allowed = set(decision.allowed)
+        assert "plateau" in allowed  # no projected growth: never held
+        if "grower" in allowed:
+            ran_at.append(now)
+    assert min(t for t in ran_at if t > 1.0) >= config.plateau_patience_s  # it waited first
+    after = [t for t in ran_at if t >= config.plateau_patience_s + 1.0]
+    assert len(after) >= 0.9 * (20.0 - config.plateau_patience_s - 1.0) / 0.1

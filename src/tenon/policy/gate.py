@@ -177,6 +177,7 @@ def decide_gate(
     outgrown_since: Mapping[str, float] | None = None,
     gives_back: Mapping[str, int] | None = None,
     pending: frozenset[str] = frozenset(),
+    stalled_since: Mapping[str, float] | None = None,
 ) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort.
 
@@ -193,9 +194,13 @@ def decide_gate(
     sandbox's running action holds beyond where it started: memory its end frees, so
     waiting for a sandbox at its plateau can help a held grower. `pending` are actions held
     before their start (they hold no memory yet): under yellow and red they come after
-    sandboxes that do, overdue or not.
+    sandboxes that do, overdue or not. `stalled_since` is when each sandbox was first
+    denied outside green since it last had no demand (a probe's brief runs do not reset
+    it, as they reset `denied_since`); it bounds the wait for plateaus to end, and
+    defaults to `denied_since`.
     """
     gives_back = gives_back or {}
+    stalled_since = denied_since if stalled_since is None else stalled_since
     caps = growth_caps or {}
     queued = outgrown_queue(
         estimates, {sid: gate_demand_bytes(est, caps.get(sid), config)
@@ -230,7 +235,7 @@ def decide_gate(
     # a grower that is running keeps its place ahead of everyone (see below).
     candidates: list[tuple[bool, int, int, str]] = []
     running_now: set[str] = set()
-    longest_wait = 0.0  # of the denied growers still candidates
+    longest_wait = 0.0  # the longest stall among the candidates
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
     name = level.name.lower()
@@ -251,7 +256,7 @@ def decide_gate(
             reasons[sid] = f"denied {waited:.2f}s ago; waits {min_wait:.2f}s"
             continue
         overdue = waited is not None and waited >= overdue_after
-        longest_wait = max(longest_wait, waited or 0.0)
+        longest_wait = max(longest_wait, now - stalled_since.get(sid, now))
         state = classify(est, now, config)
         if state is GrowthState.GROWING:
             running_now.add(sid)
@@ -393,6 +398,7 @@ class GateController:
         self._aimd = AimdBudget.initial(config)
         self._denied_since: dict[str, float] = {}
         self._outgrown_since: dict[str, float] = {}
+        self._stalled_since: dict[str, float] = {}
 
     @property
     def config(self) -> PolicyConfig:
@@ -421,6 +427,7 @@ class GateController:
         self._estimator.forget(sandbox_id)
         self._denied_since.pop(sandbox_id, None)
         self._outgrown_since.pop(sandbox_id, None)
+        self._stalled_since.pop(sandbox_id, None)
 
     def decide(
         self,
@@ -454,7 +461,17 @@ class GateController:
             outgrown_since=self._outgrown_since,
             gives_back=gives_back,
             pending=pending,
+            stalled_since=self._stalled_since,
         )
+        # A stall lasts from the first denial outside green until green or no demand.
+        if pressure_level is Pressure.GREEN:
+            self._stalled_since = {}
+        else:
+            stalled = self._stalled_since
+            self._stalled_since = {
+                sid: stalled.get(sid, now) for sid in estimates
+                if sid in decision.denied
+                or (sid in stalled and decision.reasons.get(sid) != "no projected growth")}
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.
         previous = self._denied_since
