@@ -125,15 +125,21 @@ def test_overdue_head_probes_alone_when_nothing_fits() -> None:
     assert beside.allowed == frozenset({"sb-1", "plateau"})
     # ...unless its end would make the room: then the probe waits for it, but only for
     # `plateau_patience_s` (at 3x a test run 0.1 GiB short waited 32 s for 40 s actions).
+    # The probe then overshoots H only into the safety margin S: a larger shortfall keeps
+    # waiting for the plateau's end (two growers' peaks would meet).
     gives = {"plateau": 400 * MIB}
-    waits = decide_gate(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
-                        denied_since={"sb-0": 9.0, "sb-1": 8.5}, gives_back=gives)
-    assert waits.allowed == frozenset({"plateau"})
+    near = 300 * MIB - CONFIG.safety_margin_bytes  # sb-1's 300 MiB fits in H + S
     patience_over = 8.5 + CONFIG.plateau_patience_s + 0.1
-    waited = decide_gate(ests, Pressure.RED, 10 * MIB, patience_over, CONFIG, budget_b=1,
-                         denied_since={"sb-0": 9.0, "sb-1": 8.5}, gives_back=gives)
+
+    def decide(now: float, headroom: int):
+        return decide_gate(ests, Pressure.RED, headroom, now, CONFIG, budget_b=1,
+                           denied_since={"sb-0": 9.0, "sb-1": 8.5}, gives_back=gives)
+
+    assert decide(12.0, near).allowed == frozenset({"plateau"})
+    waited = decide(patience_over, near)
     assert waited.allowed == frozenset({"sb-1", "plateau"})
     assert "overdue probe" in waited.reasons["sb-1"]
+    assert decide(patience_over, near - 1).allowed == frozenset({"plateau"})
 
 
 @given(st.lists(levels, max_size=60), st.floats(0.05, 3.0))

@@ -14,7 +14,8 @@ Invariants (property-tested):
 - the allowed positive demands sum to at most H; under yellow, beyond those that fit
   in the headroom above the yellow line, at most b more; under red at most one;
 - liveness: when no positive-demand sandbox fits H and no other sandbox grows (those at
-  their plateau may run on; their ends are waited for at most `plateau_patience_s`),
+  their plateau may run on; their ends are waited for at most `plateau_patience_s` when
+  the smallest demand fits in H + S),
   exactly one still runs alone as a probe: the one already
   running, else one denied for at least `overdue_after_s` (the only allowance beyond H);
 - a denied sandbox stays denied at least `min_denial_wait_s` unless green;
@@ -304,8 +305,12 @@ def decide_gate(
     smallest = min((c[2] for c in candidates), default=0)
     growing = [sid for sid in allowed if reasons[sid] != "no projected growth"]
     plateaus = sum(gives_back.get(sid, 0) for sid in allowed if sid not in growing)
-    if longest_wait >= config.plateau_patience_s:
-        plateaus = 0  # their ends have been waited for long enough: they may be minutes off
+    if (longest_wait >= config.plateau_patience_s
+            and smallest <= headroom_bytes + config.safety_margin_bytes):
+        # Their ends have been waited for long enough (they may be minutes off) and the
+        # smallest demand fits under the limit itself: the probe overshoots only into S.
+        # A larger shortfall keeps waiting for them, or two growers' peaks would meet.
+        plateaus = 0
     if not growing and candidates and headroom_bytes + reclaimable_bytes + plateaus < smallest:
         # Liveness: no grower fits H, nothing else grows, and even tearing down every idle
         # sandbox and waiting for the actions at their plateau to end would not make room
