@@ -15,9 +15,9 @@ Invariants (property-tested):
   in the headroom above the yellow line, at most b more; under red at most one;
 - liveness: when no positive-demand sandbox fits H and no other sandbox grows (those at
   their plateau may run on; their ends are waited for at most `plateau_patience_s` when
-  the smallest demand fits in H + S),
-  exactly one still runs alone as a probe: the one already
-  running, else one denied for at least `overdue_after_s` (the only allowance beyond H);
+  the smallest demand fits in H + S), exactly one still runs alone as a probe: the one
+  already running, else one denied for at least `overdue_after_s` (the only allowance
+  beyond H);
 - a denied sandbox stays denied at least `min_denial_wait_s` unless green;
 - under yellow and red, while a sandbox holding memory is denied past `overdue_after_s`,
   no start (`pending`) is allowed.
