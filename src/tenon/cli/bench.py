@@ -147,6 +147,9 @@ def _run_one(console: Console, config: BenchConfig) -> dict[str, Any]:
         summary = asyncio.run(run_bench(config, on_policy_start=started, on_done=done))
     written = draw(config.out_dir)
     console.print(Markdown(table_markdown(summary)))
+    delays = config.out_dir / "delays.md"
+    if delays.exists():
+        console.print(Markdown(delays.read_text()))
     console.print(f"{time.monotonic() - start:.0f} s; wrote " +
                   ", ".join(str(p) for p in written))
     return summary

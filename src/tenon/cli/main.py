@@ -143,6 +143,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A bench run directory."
     try:
         written = draw(run_dir)
         console.print(Markdown(table_markdown(load_summary(run_dir))))
+        if (run_dir / "delays.md").exists():
+            console.print(Markdown((run_dir / "delays.md").read_text()))
     except (TenonError, ValueError, OSError) as exc:
         _fail(exc)
     console.print("wrote " + ", ".join(str(p) for p in written))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tenon.errors import RecoveryError, SandboxError, TenonError
 from tenon.replay.loadprog import load_command
-from tenon.replay.schedule import Submission
+from tenon.replay.schedule import Submission, own_length_s
 from tenon.replay.trace import Action
 from tenon.runtime.controller import Runtime
 from tenon.runtime.results import Outcome
@@ -104,7 +104,8 @@ async def replay(
             record.end_s = clock.now() - start
             runtime.events.emit("workflow_done", workflow=sub.instance,
                                 completed=record.completed, attempts=record.attempts,
-                                latency_s=round(record.latency_s, 4))
+                                latency_s=round(record.latency_s, 4),
+                                own_s=round(own_length_s(workflow, speed), 4))
             if on_done is not None:
                 on_done(record)
 

@@ -1,6 +1,7 @@
 """Tables and plots of a bench run, drawn from its summary and event logs.
 
-`table_markdown` renders the summary's figures; `draw` makes `timeline.png` (per policy:
+`table_markdown` renders the summary's figures; `draw` writes it to `table.md`, where each
+workflow's time went to `delays.md` (`replay.delays`), and makes `timeline.png` (per policy:
 domain memory and running actions over time, against the budget) and `bars.png`
 (makespan, p50 latency and peak memory across policies), like the paper's Figures 9 and 11.
 Everything is read back from the run directory, so `tenon report RUN_DIR` redraws a run.
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tenon.errors import TraceError
+from tenon.replay.delays import WorkflowDelay, delays_markdown, workflow_delays
 from tenon.runtime.events import read_events
 from tenon.units import format_bytes
 
@@ -74,13 +76,17 @@ def draw(run_dir: Path) -> list[Path]:
     names = list(summary["policies"])
     if not names:
         return [table]
+
     budget_gib = summary["budget_bytes"] / GIB
 
+    splits: dict[str, list[WorkflowDelay] | None] = {}
     fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.4 * len(names)), sharex=True,
                              squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
         log = run_dir / name / "events.jsonl"
-        times, usage, running = _series(read_events(log)) if log.exists() else ([], [], [])
+        events = read_events(log) if log.exists() else []
+        times, usage, running = _series(events)
+        splits[name] = workflow_delays(events) if events else None
         ax.plot(times, usage, color="tab:blue", lw=1, label="memory (GiB)")
         ax.axhline(budget_gib, color="tab:red", ls="--", lw=1, label="budget")
         ax.set_ylabel("GiB")
@@ -94,6 +100,8 @@ def draw(run_dir: Path) -> list[Path]:
     axes[0, 0].legend(loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel("time (s)")
     fig.tight_layout()
+    delays = run_dir / "delays.md"
+    delays.write_text(delays_markdown(splits))
     timeline = run_dir / "timeline.png"
     fig.savefig(timeline, dpi=110)
     plt.close(fig)
@@ -115,4 +123,5 @@ def draw(run_dir: Path) -> list[Path]:
     bars = run_dir / "bars.png"
     fig.savefig(bars, dpi=110)
     plt.close(fig)
-    return [table, timeline, bars]
+    return [table, delays, timeline, bars]
+

@@ -63,6 +63,10 @@ def makespan_bound_s(submissions: Sequence[Submission], speed: float) -> float:
     It ignores everything that only makes a replay slower (sandbox starts, CPU, memory), so
     it is the reference for how far a policy is from ideal, not a target it can reach.
     """
-    return max((s.submit_s + sum(st.model_wait_s + st.action.duration_s
-                                 for st in s.workflow.steps) / speed
-                for s in submissions), default=0.0)
+    return max((s.submit_s + own_length_s(s.workflow, speed) for s in submissions),
+               default=0.0)
+
+
+def own_length_s(workflow: Workflow, speed: float) -> float:
+    """The workflow alone on an idle host: its model waits and recorded durations at `speed`."""
+    return sum(step.model_wait_s + step.action.duration_s for step in workflow.steps) / speed

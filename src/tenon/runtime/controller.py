@@ -266,8 +266,8 @@ class Runtime:
         except BaseException:
             self.agents.pop(agent_id, None)
             raise
-        self.events.emit("workflow_start", agent_id=agent_id, family=family,
-                         profile_peak_bytes=profile_peak_bytes,
+        self.events.emit("workflow_start", agent_id=agent_id, workflow=state.workflow,
+                         family=family, profile_peak_bytes=profile_peak_bytes,
                          waited_s=round(self.clock.now() - state.created_at, 4))
         return Agent(self, state)
 
