@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from pathlib import Path
 
@@ -166,6 +167,14 @@ def test_cli_bench_and_report(tmp_path: Path) -> None:
     assert again.exit_code == 0, again.output
     assert (out / "bars.png").exists()
     assert "Where the time went" in again.output
+    # recorded results keep their event logs gzipped: the report reads those too
+    log = out / "tenon" / "events.jsonl"
+    log.with_suffix(".jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
+    log.unlink()
+    (out / "delays.md").unlink()
+    gzipped = CliRunner().invoke(app, ["report", str(out)])
+    assert gzipped.exit_code == 0, gzipped.output
+    assert "| tenon (4) |" in (out / "delays.md").read_text()
     bad = CliRunner().invoke(app, ["bench", "--trace", str(trace), "--backend", "sim",
                                    "--set", "horizon_secs=2"])
     assert bad.exit_code == 2

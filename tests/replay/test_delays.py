@@ -49,9 +49,10 @@ def test_a_retried_workflow_is_split_into_its_parts() -> None:
 
 
 def test_the_table_gives_means_and_the_last_workflow_and_names_unsplit_logs() -> None:
-    def run(name: str, latency: float, end: float) -> list[dict[str, object]]:
+    def run(name: str, latency: float, end: float, *, completed: bool = True
+            ) -> list[dict[str, object]]:
         return [ev(0.0, "workflow_start", agent_id=name, workflow=name, waited_s=0.0),
-                ev(end, "workflow_done", workflow=name, completed=True, attempts=1,
+                ev(end, "workflow_done", workflow=name, completed=completed, attempts=1,
                    latency_s=latency, own_s=2.0)]
 
     rows = workflow_delays(run("fast", 4.0, 4.0) + run("slow", 10.0, 12.0))
@@ -62,5 +63,9 @@ def test_the_table_gives_means_and_the_last_workflow_and_names_unsplit_logs() ->
     text = delays_markdown({"tenon": rows, "eager": None})
     assert "| tenon (2) | 7.0 | 2.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 5.0 |" in text
     assert "| tenon (slow) | 10.0 | 2.0 |" in text
+    lost = workflow_delays(run("done", 4.0, 4.0) + run("gave-up", 30.0, 30.0, completed=False))
+    lost_text = delays_markdown({"eager": lost})
+    assert "| eager (1) | 4.0 |" in lost_text  # the means are over completed workflows
+    assert "| eager (gave-up, not completed) | 30.0 |" in lost_text
     assert "Not split" in text
     assert "eager" in text

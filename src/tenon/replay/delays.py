@@ -151,7 +151,8 @@ def delays_markdown(delays: Mapping[str, Sequence[WorkflowDelay] | None]) -> str
                          " | ".join(f"{row[c]:.1f}" for c in columns) + " |")
         if rows:
             final = max(rows, key=lambda r: r.end)
-            lasts.append(f"| {name} ({final.workflow}) | " +
+            lost = "" if final.completed else ", not completed"
+            lasts.append(f"| {name} ({final.workflow}{lost}) | " +
                          " | ".join(f"{getattr(final, c):.1f}" for c in columns) + " |")
     text = "\n".join(means) + "\n\n" + "\n".join(lasts) + "\n"
     if skipped:

@@ -83,10 +83,12 @@ def draw(run_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.4 * len(names)), sharex=True,
                              squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
-        log = run_dir / name / "events.jsonl"
-        events = read_events(log) if log.exists() else []
+        logs = [run_dir / name / f for f in ("events.jsonl", "events.jsonl.gz")]
+        log = next((p for p in logs if p.exists()), None)
+        events = read_events(log) if log is not None else []
         times, usage, running = _series(events)
-        splits[name] = workflow_delays(events) if events else None
+        if events:
+            splits[name] = workflow_delays(events)
         ax.plot(times, usage, color="tab:blue", lw=1, label="memory (GiB)")
         ax.axhline(budget_gib, color="tab:red", ls="--", lw=1, label="budget")
         ax.set_ylabel("GiB")

@@ -9,6 +9,7 @@ dropped (the count is in `num_dropped`).
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 from collections.abc import Callable
@@ -62,10 +63,14 @@ class EventLog:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """Load an event log; a torn last line (a crash mid-write) is skipped, any other bad line
-    raises ValueError naming the line."""
+    """Load an event log (gzipped if its name ends in .gz, as recorded results keep them); a
+    torn last line (a crash mid-write) is skipped, any other bad line raises ValueError naming
+    the line."""
     events = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".gz":
+        lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+    else:
+        lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
