@@ -91,7 +91,7 @@ def workflow_delays(events: Iterable[Mapping[str, Any]]) -> list[WorkflowDelay] 
     return out
 
 
-def _note(action: _Action, kind: Any, t: float, event: Mapping[str, Any]) -> None:
+def _note(action: _Action, kind: object, t: float, event: Mapping[str, Any]) -> None:
     if kind == "admit":
         action.admit = t
     elif kind == "action_start":
@@ -159,4 +159,3 @@ def delays_markdown(delays: Mapping[str, Sequence[WorkflowDelay] | None]) -> str
         text += ("\nNot split (event logs written before workflows were named in them): "
                  + ", ".join(skipped) + "\n")
     return text
-

@@ -76,7 +76,6 @@ def draw(run_dir: Path) -> list[Path]:
     names = list(summary["policies"])
     if not names:
         return [table]
-
     budget_gib = summary["budget_bytes"] / GIB
 
     splits: dict[str, list[WorkflowDelay] | None] = {}
@@ -126,4 +125,3 @@ def draw(run_dir: Path) -> list[Path]:
     fig.savefig(bars, dpi=110)
     plt.close(fig)
     return [table, delays, timeline, bars]
-
