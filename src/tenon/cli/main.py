@@ -101,8 +101,9 @@ def bench_replay_cmd(
     predictor: Annotated[str, typer.Option(help="Tenon's memory predictor: online (per-class "
                          "figures raised by what each workflow and family measured), static, "
                          "history or forest (cross-fitted: a workflow is predicted by a "
-                         "model that never saw it), or online-forest (the forest, raised "
-                         "online)")] = "online",
+                         "model that never saw it), online-forest (the forest, raised "
+                         "online), or oracle (each action's recorded figures: an "
+                         "ablation, not deployable)")] = "online",
     out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
     json_path: JsonOut = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,

@@ -29,6 +29,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.predict.base import MeasuredAction, Predictor
 from tenon.predict.crossfit import crossfit_predictor
 from tenon.predict.online import OnlinePredictor
+from tenon.predict.oracle import OraclePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.replay.driver import WorkflowRecord, replay
 from tenon.replay.schedule import (
@@ -62,12 +63,15 @@ class BenchConfig(BaseModel):
     window_s: float = Field(default=10.0, gt=0, description="Burst length at `qps`.")
     num_workflows: int | None = Field(default=None, gt=0, description="Override the count.")
     max_retries: int = Field(default=5, ge=0, description="Re-runs of a failed attempt.")
-    predictor: Literal["online", "static", "history", "forest", "online-forest"] = Field(
+    predictor: Literal["online", "static", "history", "forest", "online-forest",
+                       "oracle"] = Field(
         default="online", description="Tenon's predictor. online: the trace's per-class "
         "figures raised by what each workflow and family measured during the run; static, "
         "history, forest: `tenon predict`'s predictors, cross-fitted on the trace so that a "
         "workflow is predicted by a model trained without it; online-forest: the cross-fitted "
-        "forest raised during the run the way online raises the per-class figures.")
+        "forest raised during the run the way online raises the per-class figures; oracle: "
+        "each action's own recorded figures (an ablation: what better prediction could "
+        "still gain).")
     policy_config: dict[str, Any] = Field(default_factory=dict,
                                           description="PolicyConfig overrides.")
     state_dir: Path = Path("/var/lib/tenon")
@@ -181,7 +185,10 @@ async def run_bench(
     heavy = policy_config.heavy_peak_bytes
     kind = config.predictor.removeprefix("online-")
     fitted: Predictor = static
-    if kind != "online":
+    if kind == "oracle":
+        fitted = OraclePredictor({s.instance: s.workflow for s in submissions},
+                                 heavy_peak_bytes=heavy)
+    elif kind != "online":
         fitted = crossfit_predictor(trace, kind=kind, heavy_peak_bytes=heavy)
 
     def new_predictor() -> Predictor:  # fresh per policy: nothing learnt carries over
