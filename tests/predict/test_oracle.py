@@ -51,7 +51,7 @@ def test_an_action_it_was_not_given_fails_by_name() -> None:
 
 
 def test_bench_hands_tenon_every_actions_recorded_peak(tmp_path: Path) -> None:
-    """Each copy of each workflow, on each attempt, is predicted its own step's figures."""
+    """Each copy of each workflow is predicted its own steps' figures, in order."""
     peaks = {"a": [40, 700, 90], "b": [300, 60, 500, 120]}
     trace = write_trace(Trace(header=make_header("test"),
                               workflows=[stepped_workflow(w, p) for w, p in peaks.items()]),
