@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING
 from tenon.errors import ConfigError
 from tenon.policy.admission import Prediction
 from tenon.predict.base import ActionContext
+from tenon.units import MIB
 
 if TYPE_CHECKING:
     from tenon.replay.trace import Workflow
 
 logger = logging.getLogger(__name__)
-
-MIB = 1024 * 1024
 
 
 class OraclePredictor:
