@@ -12,7 +12,7 @@ from tenon.clock import FakeClock
 from tenon.errors import RecoveryError
 from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import REMATERIALIZE_STEPS, TEARDOWN_STEPS, ResidencyManager
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.runtime.workspace import PERSISTENT_DIRS, WorkspaceStore
 from tenon.sandbox.base import ProcessInfo
 from tenon.sandbox.fake import FakeBackend, FakeSandbox
 
@@ -103,7 +103,7 @@ async def test_workspace_survives_teardown_and_rebuild_byte_for_byte(tmp_path: P
     rt = make_runtime(tmp_path)
     old = await started(rt)
     before = snapshot(rt.workspaces.path_for("agent-1"))
-    assert len(before) == 9
+    assert len(before) == 9 + len(PERSISTENT_DIRS)  # what the fake writes, and the empty dirs
 
     result = await rt.manager.teardown("agent-1")
     assert result.outcome == "torn_down", result.reason

@@ -1,7 +1,10 @@
-"""Durable per-agent workspaces and their content manifests.
+"""Durable per-agent state directories and their content manifests.
 
-Each logical agent owns `<state_dir>/workspaces/<agent_id>`, a host directory that
-outlives every physical sandbox bound onto it. `capture()` makes the directory durable
+Each logical agent owns `<state_dir>/workspaces/<agent_id>`, its *persistent root*: a host
+directory that outlives every physical sandbox bound onto it. It holds one subdirectory per
+designated persistent directory of the sandbox (`PERSISTENT_DIRS`): the workspace, HOME and
+/tmp. Everything a later action can read lives in one of them, or in a path the sandbox's
+configuration explicitly declares disposable, or the boundary is not restartable. `capture()` makes the directory durable
 (fsync of every file and directory) and describes it as a manifest whose digest goes into
 the recovery record; `verify()` proves a rebuilt sandbox sees the same bytes.
 
@@ -29,6 +32,9 @@ from tenon.errors import WorkspaceError
 
 logger = logging.getLogger(__name__)
 
+# Subdirectory of the persistent root -> where a sandbox sees it. HOME is /home/user, as in
+# E2B sandboxes, so `pip install --user`, ~/.cache and `git config --global` persist.
+PERSISTENT_DIRS: dict[str, str] = {"workspace": "/workspace", "home": "/home/user", "tmp": "/tmp"}
 AGENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MANIFEST_VERSION = 1
 _CHUNK_BYTES = 1024 * 1024
@@ -213,11 +219,14 @@ class WorkspaceStore:
         return self.path_for(agent_id).is_dir()
 
     def create(self, agent_id: str) -> Path:
-        """Create the agent's workspace (idempotent) and make its directory entry durable."""
+        """Create the agent's persistent root and its subdirectories (idempotent), durably."""
         path = self.path_for(agent_id)
         try:
             self._root.mkdir(parents=True, exist_ok=True)
             path.mkdir(exist_ok=True)
+            for sub in PERSISTENT_DIRS:
+                (path / sub).mkdir(exist_ok=True)
+                _fsync_path(path / sub, directory=True)
             _fsync_path(path, directory=True)
             _fsync_path(self._root, directory=True)
         except OSError as exc:
