@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-REAL_MARKERS = ("docker", "cgroups", "sandbox")
+REAL_MARKERS = ("docker", "cgroups", "sandbox", "disk")
 
 
 @pytest.hookimpl(hookwrapper=True)

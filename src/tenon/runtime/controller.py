@@ -34,7 +34,10 @@ from tenon.errors import (
     SandboxDied,
     SandboxError,
     SandboxFrozen,
+    WorkspaceError,
 )
+from tenon.host import diskfs
+from tenon.host.diskfs import DiskLimits
 from tenon.host.types import CgroupVersion
 from tenon.policy.admission import ActionRequest, AdmissionController, AdmitDecision
 from tenon.policy.baselines import (
@@ -143,6 +146,7 @@ class Runtime:
         keep_events: bool = False,
         blocking: BlockingRunner = asyncio.to_thread,
         backend_config: Mapping[str, Any] | None = None,
+        workspace_limits: DiskLimits | None = None,
     ) -> None:
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
@@ -164,8 +168,10 @@ class Runtime:
         self._backend_config = dict(backend_config or {})
         state_dir.mkdir(parents=True, exist_ok=True)
         self._recovery = RecoveryStore(state_dir / "recovery.sqlite")
+        # With limits, each agent's persistent root is its own ext4 image (host.diskfs).
+        self.workspaces = WorkspaceStore(state_dir, limits=workspace_limits)
         self.residency = ResidencyManager(
-            backend, WorkspaceStore(state_dir), self._recovery, self.clock, blocking=blocking
+            backend, self.workspaces, self._recovery, self.clock, blocking=blocking
         )
         budget = domain.budget_bytes
         self.admission = (
@@ -203,6 +209,8 @@ class Runtime:
         if self._loop_task is not None:
             return
         problems = self.backend.check()
+        if self.workspaces.limits is not None:
+            problems += diskfs.check()
         if problems:
             raise SandboxError(f"backend {self.backend.name} not ready: {'; '.join(problems)}")
         self.events.emit("runtime_start", policy=self.spec.name, backend=self.backend.name,
@@ -224,6 +232,10 @@ class Runtime:
             with contextlib.suppress(Exception):
                 await self.close_agent(state)
         await self.residency.reap()
+        try:  # a root kept past close_agent stays on its image, not mounted
+            await self._blocking(self.workspaces.unmount_all)
+        except WorkspaceError as exc:
+            logger.error("workspaces left mounted: %s", exc)
         self.events.emit("runtime_stop")
         self.events.close()
         self._recovery.close()
@@ -442,6 +454,10 @@ class Runtime:
                          outcome=outcome.value, exit_code=None if result is None
                          else result.exit_code, duration_s=round(end - start, 4),
                          avg_bytes=avg, peak_bytes=peak, oom_kills=oom_kills)
+        workspace_full = self._workspace_full(state.agent_id) if result is not None else None
+        if workspace_full is not None:
+            self.events.emit("workspace_full", action_id=action.action_id,
+                             agent_id=state.agent_id, reason=workspace_full)
         if outcome is Outcome.OOM_KILLED:
             self.events.emit("oom_kill", action_id=action.action_id, agent_id=state.agent_id,
                              sandbox_id=action.gate_id, num_kills=oom_kills)
@@ -454,7 +470,17 @@ class Runtime:
             False if result is None else result.truncated,
             end - start, start - action.ready_at, avg, peak,
             action.prediction.avg_bytes, action.prediction.peak_bytes, action.charge_bytes, klass,
+            workspace_full=workspace_full,
         )
+
+    def _workspace_full(self, agent_id: str) -> str | None:
+        """Why the agent's persistent root refuses writes after an action, if it does (one
+        statvfs; a plain-directory store has no limit to reach). Never fails the action."""
+        try:
+            return self.workspaces.full_reason(agent_id)
+        except WorkspaceError as exc:
+            logger.warning("usage of %s's workspace: %s", agent_id, exc)
+            return None
 
     async def _apply_agentcgroup_mark(self, state: AgentState, meter: SandboxMeter) -> None:
         if state.agentcgroup_class is not AgentCgroupClass.LOW:

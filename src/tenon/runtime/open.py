@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
 from tenon.runtime.controller import Runtime
 from tenon.sandbox.registry import make_backend
@@ -38,6 +39,8 @@ async def open_runtime(
     try:
         impl = make_backend(backend, domain, state_dir)
         runtime_kwargs.setdefault("event_log", run_dir / "events.jsonl")
+        # each agent's persistent root is its own size-limited filesystem
+        runtime_kwargs.setdefault("workspace_limits", DiskLimits())
         runtime = Runtime(domain=domain, backend=impl, state_dir=run_dir, **runtime_kwargs)
         try:
             await runtime.start()

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from tenon.clock import Clock
 from tenon.errors import RecoveryError, SandboxError
+from tenon.host.diskfs import DiskLimits
 from tenon.runtime.eligibility import check_restartable
 from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
 from tenon.runtime.workspace import WorkspaceStore
@@ -81,15 +82,17 @@ class _Slot:
 def _spec_for(
     agent_id: str, generation: int, image: str, workspace: Any, config: Mapping[str, Any]
 ) -> SandboxSpec:
-    unknown = set(config) - SPEC_CONFIG_KEYS
+    unknown = set(config) - SPEC_CONFIG_KEYS - set(DiskLimits.CONFIG_KEYS)
     if unknown:
         raise RecoveryError(
             f"agent {agent_id}: unknown backend config keys {sorted(unknown)}; "
-            f"known: {sorted(SPEC_CONFIG_KEYS)}"
+            f"known: {sorted(SPEC_CONFIG_KEYS | set(DiskLimits.CONFIG_KEYS))}"
         )
     # A fresh suffix per attempt: a half-removed earlier attempt must not collide by name.
     sandbox_id = f"{agent_id}-g{generation}-{uuid.uuid4().hex[:8]}"
-    return SandboxSpec(sandbox_id=sandbox_id, image=image, workspace=workspace, **config)
+    # disk_bytes / max_inodes size the agent's workspace filesystem (WorkspaceStore.create).
+    fields = {k: v for k, v in config.items() if k not in DiskLimits.CONFIG_KEYS}
+    return SandboxSpec(sandbox_id=sandbox_id, image=image, workspace=workspace, **fields)
 
 
 async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:
@@ -152,7 +155,7 @@ class ResidencyManager:
             if self._recovery.get(agent_id) is not None:
                 return await self._rematerialize_locked(agent_id, slot)
             config = dict(config or {})
-            workspace = await self._blocking(self._workspaces.create, agent_id)
+            workspace = await self._blocking(self._workspaces.create, agent_id, config)
             sandbox = await self._backend.materialize(
                 _spec_for(agent_id, 1, image, workspace, config)
             )
@@ -277,7 +280,7 @@ class ResidencyManager:
                     f"record names backend {record.backend!r}, "
                     f"this controller runs {self._backend.name!r}"
                 )
-            workspace = self._workspaces.path_for(agent_id)
+            workspace = await self._blocking(self._workspaces.attach, agent_id)
             spec = _spec_for(
                 agent_id, generation, record.base_image, workspace, record.backend_config
             )

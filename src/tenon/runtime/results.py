@@ -50,6 +50,9 @@ class ActionResult:
     predicted_peak_bytes: int
     charge_bytes: int
     action_class: str
+    workspace_full: str | None = None
+    """Set when the agent's persistent root was at its byte or inode limit after the action:
+    why its writes failed (ENOSPC inside the sandbox), for the agent to be told."""
 
     @property
     def ok(self) -> bool:

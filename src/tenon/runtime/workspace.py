@@ -4,19 +4,26 @@ Each logical agent owns `<state_dir>/workspaces/<agent_id>`, its *persistent roo
 directory that outlives every physical sandbox bound onto it. It holds one subdirectory per
 designated persistent directory of the sandbox (`PERSISTENT_DIRS`): the workspace, HOME and
 /tmp. Everything a later action can read lives in one of them, or in a path the sandbox's
-configuration explicitly declares disposable, or the boundary is not restartable. `capture()` makes the directory durable
-(fsync of every file and directory) and describes it as a manifest whose digest goes into
-the recovery record; `verify()` proves a rebuilt sandbox sees the same bytes.
+configuration explicitly declares disposable, or the boundary is not restartable.
+`capture()` makes the directory durable (fsync of every file and directory) and describes
+it as a manifest whose digest goes into the recovery record; `verify()` proves a rebuilt
+sandbox sees the same bytes.
 
 The manifest records what a rebuild must preserve: relative path, type, permission
 bits, size and sha256 for files, target for symlinks. Ownership and timestamps are left
 out on purpose: backends re-own the workspace for their sandbox uid, and mtimes change
 without the content changing. Anything other than files, directories and symlinks
 (fifos, sockets, devices) cannot be captured, so capture refuses it.
+
+Limits and privacy: with `DiskLimits`, each persistent root is its own ext4 filesystem of
+fixed byte and inode size (`host.diskfs`), so a full root fails the agent's own writes with
+ENOSPC and nothing else. Roots and their subdirectories are mode 0700; the backend that runs
+the sandbox owns them to its sandbox uid, so no other host user or sandbox uid can read them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,11 +31,14 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tenon.errors import WorkspaceError
+from tenon.errors import ConfigError, WorkspaceError
+from tenon.host import diskfs
+from tenon.host.diskfs import DiskLimits, DiskUsage
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +47,11 @@ logger = logging.getLogger(__name__)
 PERSISTENT_DIRS: dict[str, str] = {"workspace": "/workspace", "home": "/home/user", "tmp": "/tmp"}
 AGENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MANIFEST_VERSION = 1
+# Only the sandbox's own uid may enter a persistent root or its subdirectories; the store
+# directory itself is traversable (not listable), so a sandbox uid staging its own root
+# needs no other permission.
+_PRIVATE_MODE = 0o700
+_ROOT_MODE = 0o711
 _CHUNK_BYTES = 1024 * 1024
 
 
@@ -177,16 +192,39 @@ def _raise(exc: OSError) -> None:
     raise exc
 
 
-class WorkspaceStore:
-    """Workspaces under `<state_dir>/workspaces`, one directory per agent."""
+@dataclass(frozen=True)
+class ReconciledWorkspaces:
+    """What `WorkspaceStore.reconcile` found and did, agent ids sorted."""
 
-    def __init__(self, state_dir: Path) -> None:
+    mounted: tuple[str, ...]  # kept agents whose image was mounted again
+    removed: tuple[str, ...]  # agents not kept: unmounted, root and image removed
+    missing: tuple[str, ...]  # kept agents with neither an image nor a root
+    detached_loops: int  # loop devices left attached to an image without a mount
+
+
+class WorkspaceStore:
+    """Persistent roots under `<state_dir>/workspaces`, one per agent.
+
+    With `limits`, each root is the mount point of the agent's own ext4 image (see
+    `host.diskfs`), kept in `<state_dir>/workspaces/.images/<agent_id>.ext4`; this needs root.
+    Without, each root is a plain directory (tests, simulations): no limit applies.
+    """
+
+    IMAGES_DIR = ".images"  # agent ids never start with ".", so it names no agent
+
+    def __init__(self, state_dir: Path, *, limits: DiskLimits | None = None) -> None:
         self._state_dir = Path(state_dir)
         self._root = self._state_dir / "workspaces"
+        self._limits = limits
 
     @property
     def root(self) -> Path:
         return self._root
+
+    @property
+    def limits(self) -> DiskLimits | None:
+        """The default limits of a new agent's filesystem; None for plain directories."""
+        return self._limits
 
     def path_for(self, agent_id: str) -> Path:
         """The agent's workspace path; refuses unsafe ids and anything resolving elsewhere."""
@@ -215,23 +253,82 @@ class WorkspaceStore:
             )
         return resolved
 
+    def image_for(self, agent_id: str) -> Path:
+        """Where the agent's filesystem image lives (whether or not it exists)."""
+        self.path_for(agent_id)
+        return self._root / self.IMAGES_DIR / f"{agent_id}.ext4"
+
     def exists(self, agent_id: str) -> bool:
         return self.path_for(agent_id).is_dir()
 
-    def create(self, agent_id: str) -> Path:
-        """Create the agent's persistent root and its subdirectories (idempotent), durably."""
+    def create(self, agent_id: str, config: Mapping[str, Any] | None = None) -> Path:
+        """Create the agent's persistent root and its subdirectories (idempotent), durably.
+
+        `config` is the agent's sandbox config: its `disk_bytes` and `max_inodes`, if set,
+        override the store's limits for this agent's new image (an existing image keeps its
+        size). A store without limits refuses them rather than silently not enforcing them.
+        """
         path = self.path_for(agent_id)
+        limits = self._limits_for(agent_id, config or {})
         try:
-            self._root.mkdir(parents=True, exist_ok=True)
-            path.mkdir(exist_ok=True)
+            self._make_dir(self._root, _ROOT_MODE)
+            self._make_dir(path, _PRIVATE_MODE)
+            if limits is not None:
+                image = self.image_for(agent_id)
+                self._make_dir(image.parent, _PRIVATE_MODE)
+                if not image.exists():
+                    diskfs.create_image(image, limits)
+                diskfs.mount(image, path)
+                # mkfs leaves the root 0755 with a lost+found no agent should see in its tree.
+                with contextlib.suppress(FileNotFoundError):
+                    (path / "lost+found").rmdir()
+                path.chmod(_PRIVATE_MODE)
             for sub in PERSISTENT_DIRS:
-                (path / sub).mkdir(exist_ok=True)
+                self._make_dir(path / sub, _PRIVATE_MODE)
                 _fsync_path(path / sub, directory=True)
             _fsync_path(path, directory=True)
             _fsync_path(self._root, directory=True)
-        except OSError as exc:
+        except OSError as exc:  # HostError is one
             raise WorkspaceError(f"cannot create workspace {path}: {exc}") from exc
         return path
+
+    def attach(self, agent_id: str) -> Path:
+        """The agent's persistent root, its image mounted again if it was not (after a host
+        or controller restart). The path of a plain-directory root is returned as is."""
+        path = self.path_for(agent_id)
+        image = self.image_for(agent_id)
+        if self._limits is None or not image.exists():
+            return path
+        try:
+            path.mkdir(mode=_PRIVATE_MODE, exist_ok=True)
+            if diskfs.mounted_at(path) is None:
+                diskfs.detach_loops(image)
+                diskfs.mount(image, path)
+                logger.info("workspace %s: image mounted again", agent_id)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot mount workspace {path}: {exc}") from exc
+        return path
+
+    def is_mounted(self, agent_id: str) -> bool:
+        return diskfs.mounted_at(self.path_for(agent_id)) is not None
+
+    def usage(self, agent_id: str) -> DiskUsage | None:
+        """Bytes and inodes the agent's filesystem uses and allows; None for a plain
+        directory (or an image not mounted)."""
+        path = self.path_for(agent_id)
+        if self._limits is None or not os.path.ismount(path):
+            return None
+        try:
+            return diskfs.usage(path)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot read the usage of workspace {path}: {exc}") from exc
+
+    def full_reason(self, agent_id: str) -> str | None:
+        """Why the agent's persistent root refuses writes (byte or inode limit reached), or
+        None: what an action result that ended with the filesystem full should say."""
+        used = self.usage(agent_id)
+        reason = None if used is None else used.full_reason()
+        return None if reason is None else f"workspace of {agent_id}: {reason}"
 
     def capture(self, agent_id: str) -> Manifest:
         """fsync every file and directory in the workspace, then describe it."""
@@ -266,15 +363,107 @@ class WorkspaceStore:
         )
 
     def delete(self, agent_id: str) -> None:
-        """Remove the agent's workspace (idempotent)."""
+        """Remove the agent's workspace: unmount it, remove its root and image (idempotent)."""
         path = self.path_for(agent_id)
         try:
-            if path.exists():
-                shutil.rmtree(path)
+            self._remove(path, self.image_for(agent_id))
             if self._root.exists():
                 _fsync_path(self._root, directory=True)
         except OSError as exc:
             raise WorkspaceError(f"cannot delete workspace {path}: {exc}") from exc
+
+    def reconcile(self, keep: Iterable[str]) -> ReconciledWorkspaces:
+        """Make the store hold exactly the agents in `keep`, as after a crash or restart.
+
+        Kept agents with an image get it mounted again; every other root (mounted or not),
+        image, half-made image and stray loop device is removed. A kept agent with a plain
+        root and no image is left as it is: its records decide whether it still verifies.
+        """
+        keep = set(keep)
+        for agent_id in keep:
+            self.path_for(agent_id)  # refuse a bad id before touching anything
+        images = self._root / self.IMAGES_DIR
+        removed: set[str] = set()
+        mounted_again: list[str] = []
+        missing: list[str] = []
+        detached = 0
+        try:
+            # A mount point may be gone or renamed; its mount is still the store's to drop.
+            for mounted in diskfs.mounts_under(self._root):
+                name = mounted.mount_point.name
+                if name not in keep and AGENT_ID_RE.fullmatch(name):
+                    diskfs.unmount(mounted.mount_point)
+                    removed.add(name)
+            for entry in self._root.iterdir() if self._root.is_dir() else ():
+                if entry.name not in keep and AGENT_ID_RE.fullmatch(entry.name):
+                    self._remove(entry, images / f"{entry.name}.ext4")
+                    removed.add(entry.name)
+            for image in images.iterdir() if images.is_dir() else ():
+                agent_id = image.name.removesuffix(".partial").removesuffix(".ext4")
+                if image.name.endswith(".partial") or agent_id not in keep:
+                    detached += diskfs.detach_loops(image)
+                    image.unlink()
+                    if AGENT_ID_RE.fullmatch(agent_id):
+                        removed.add(agent_id)
+            for agent_id in sorted(keep):
+                image, path = self.image_for(agent_id), self.path_for(agent_id)
+                if image.exists() and self._limits is not None:
+                    if diskfs.mounted_at(path) is None:
+                        detached += diskfs.detach_loops(image)
+                        self.attach(agent_id)
+                        mounted_again.append(agent_id)
+                elif not path.is_dir():
+                    missing.append(agent_id)
+            if self._root.exists():
+                _fsync_path(self._root, directory=True)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot reconcile workspaces under {self._root}: {exc}") from exc
+        report = ReconciledWorkspaces(tuple(mounted_again), tuple(sorted(removed - keep)),
+                                 tuple(missing), detached)
+        logger.info("reconciled workspaces: %s", report)
+        return report
+
+    def unmount_all(self) -> int:
+        """Unmount every agent's root (images stay, for `attach` or `reconcile` to mount
+        again): what a runtime does on exit so no mount outlives it. Returns how many."""
+        mounted = [m.mount_point for m in diskfs.mounts_under(self._root)
+                   if AGENT_ID_RE.fullmatch(m.mount_point.name)]
+        try:
+            for point in mounted:
+                diskfs.unmount(point)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot unmount workspaces under {self._root}: {exc}") from exc
+        return len(set(mounted))
+
+    def _limits_for(self, agent_id: str, config: Mapping[str, Any]) -> DiskLimits | None:
+        asked = [key for key in DiskLimits.CONFIG_KEYS if key in config]
+        if self._limits is None:
+            if asked:
+                raise WorkspaceError(
+                    f"agent {agent_id}: {', '.join(asked)} set, but this store keeps plain "
+                    f"directories without disk limits")
+            return None
+        try:
+            return self._limits.with_config(config)
+        except ConfigError as exc:
+            raise WorkspaceError(f"agent {agent_id}: {exc}") from exc
+
+    @staticmethod
+    def _make_dir(path: Path, mode: int) -> None:
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        if stat.S_IMODE(path.stat().st_mode) != mode:  # mkdir's mode is masked by the umask
+            path.chmod(mode)
+
+    @staticmethod
+    def _remove(path: Path, image: Path) -> None:
+        diskfs.unmount(path)
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+        if image.exists():
+            diskfs.detach_loops(image)
+            image.unlink()
 
     def _existing(self, agent_id: str) -> Path:
         path = self.path_for(agent_id)
