@@ -278,3 +278,54 @@ async def test_another_uid_cannot_read_a_sandbox_workspace(backend, store):
         assert "hunter2" not in tried.stdout
     store.delete("secretive")
 
+
+
+@pytest.mark.disk
+@pytest.mark.sandbox
+@pytest.mark.cgroups
+async def test_runtime_names_a_full_workspace_and_rebuilds_onto_a_remounted_root(backend,
+                                                                                 state_dir):
+    from tenon.predict.static import FixedPredictor
+    from tenon.runtime.open import open_runtime
+
+    run_dir = state_dir / "run"
+    async with open_runtime(budget_bytes=1024 * MIB, backend="process",
+                            state_dir=SANDBOX_STATE_DIR, run_dir=run_dir, keep_events=True,
+                            workspace_limits=SMALL,
+                            predictor=FixedPredictor(16 * MIB, 32 * MIB)) as rt:
+        agent = await rt.create_agent()
+        full = await agent.run("dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1",
+                               timeout=60)
+        freed = await agent.run("rm /workspace/fill; echo kept > /workspace/notes", timeout=10)
+        torn = await rt.residency.teardown(agent.id)
+        assert torn.outcome == "torn_down", torn.reason
+        assert rt.workspaces.unmount_all() == 1  # as after a host restart
+        rebuilt = await agent.run("cat /workspace/notes", timeout=10)
+        events = rt.events.of_kind("workspace_full")
+        await agent.close()
+    assert "No space left on device" in full.output
+    assert full.workspace_full is not None
+    assert "disk limit reached" in full.workspace_full
+    assert [e["action_id"] for e in events] == [full.action_id]
+    assert freed.ok
+    assert freed.workspace_full is None
+    # the rebuild mounted the image again and verified the committed digest through it
+    assert rebuilt.output == "kept\n"
+    assert _mounts_under(state_dir) == []
+
+
+@pytest.mark.disk
+def test_workspace_bench_times_each_step_and_leaves_nothing(state_dir):
+    from tenon.runtime.workspace_bench import bench_workspaces
+
+    limits = DiskLimits(disk_bytes=128 * MIB, max_inodes=2048)  # room for the capture tree
+    result = bench_workspaces(num_runs=2, state_dir=state_dir, limits=limits)
+    assert result["runs"] == 2
+    assert result["disk_bytes"] == limits.disk_bytes
+    for key in ("create_ms", "unmount_ms", "attach_ms", "delete_ms", "capture_image_ms",
+                "capture_plain_ms"):
+        assert result[key] > 0, key
+    assert 0 < result["fresh_image_host_bytes"] < limits.disk_bytes
+    assert sorted(p.name for p in state_dir.iterdir()) == []
+    with pytest.raises(ValueError, match="num_runs"):
+        bench_workspaces(num_runs=0, state_dir=state_dir)

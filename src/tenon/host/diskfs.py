@@ -54,7 +54,8 @@ _BYTES_PER_INODE_MIN = BLOCK_BYTES
 FULL_SLACK_BYTES = 1 * MIB
 FULL_SLACK_FRACTION = 0.01  # of the capacity, bytes and inodes alike, when that is larger
 MOUNT_OPTIONS = "nodev,nosuid,noinit_itable,discard,errors=remount-ro"
-_TOOLS = {"mkfs.ext4": "e2fsprogs", "losetup": "mount", "mount": "mount", "umount": "mount"}
+_TOOLS = {"mkfs.ext4": "e2fsprogs", "losetup": "mount", "mount": "mount", "umount": "mount",
+          "sync": "coreutils"}
 _ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
@@ -218,6 +219,12 @@ def unmount(mount_point: Path) -> None:
         except HostError as exc:
             logger.warning("%s; detaching it lazily", exc)
             _run(["umount", "--lazy", str(mount_point)], f"unmounting {mount_point}")
+
+
+def sync(mount_point: Path) -> None:
+    """Make everything on the filesystem at `mount_point` durable at once (syncfs(2): its
+    data, metadata and journal, then a flush through the loop device to the image file)."""
+    _run(["sync", "--file-system", str(mount_point)], f"syncing {mount_point}")
 
 
 def detach_loops(image: Path) -> int:
