@@ -115,6 +115,7 @@ def test_create_mounts_a_private_root_of_its_limits_and_delete_leaves_nothing(st
     assert [_mode(p) for p in (root, *(root / sub for sub in PERSISTENT_DIRS))] == [0o700] * 4
     assert _mode(store.root) == 0o711
     assert _mode(store.image_for("a1").parent) == 0o700
+    assert _mode(store.image_for("a1")) == 0o600  # the raw image would bypass every mode
     assert store.create("a1") == root  # idempotent: same filesystem, no second mount
     assert len([m for m in diskfs.mounts() if m.mount_point == root]) == 1
     store.delete("a1")
@@ -122,6 +123,18 @@ def test_create_mounts_a_private_root_of_its_limits_and_delete_leaves_nothing(st
     assert not store.image_for("a1").exists()
     assert_nothing_left(store.root)
     store.delete("a1")  # idempotent
+
+
+@pytest.mark.disk
+def test_create_refuses_to_hide_files_under_a_new_filesystem(store):
+    root = store.path_for("a1")
+    root.mkdir(parents=True)
+    (root / "left.txt").write_text("from a plain-directory store")
+    with pytest.raises(WorkspaceError, match="refusing to hide them"):
+        store.create("a1")
+    assert not store.is_mounted("a1")
+    assert not store.image_for("a1").exists()
+    assert (root / "left.txt").exists()
 
 
 @pytest.mark.disk

@@ -276,6 +276,10 @@ class WorkspaceStore:
             if limits is not None:
                 image = self.image_for(agent_id)
                 self._make_dir(image.parent, _PRIVATE_MODE)
+                if diskfs.mounted_at(path) is None and any(path.iterdir()):
+                    raise WorkspaceError(
+                        f"{path} holds files but is not its image's mount point; refusing "
+                        f"to hide them under a filesystem (remove it or reconcile the store)")
                 if not image.exists():
                     diskfs.create_image(image, limits)
                 diskfs.mount(image, path)
@@ -288,6 +292,8 @@ class WorkspaceStore:
                 _fsync_path(path / sub, directory=True)
             _fsync_path(path, directory=True)
             _fsync_path(self._root, directory=True)
+        except WorkspaceError:
+            raise
         except OSError as exc:  # HostError is one
             raise WorkspaceError(f"cannot create workspace {path}: {exc}") from exc
         return path
