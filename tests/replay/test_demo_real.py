@@ -33,7 +33,7 @@ async def test_demo_tears_down_and_rebuilds_with_workspaces_intact(backend):
                               state_dir=STATE_DIR, image="tenon-base:bookworm",
                               console=console, burst_mib=32)
     assert [o.teardown for o in outcomes] == ["torn_down", "torn_down"]
-    assert all(o.workspace_intact and o.tmp_cleared for o in outcomes)
+    assert all(o.workspace_intact and o.scratch_cleared for o in outcomes)
     assert "after teardown" in console.export_text()
     assert not glob.glob("/sys/fs/cgroup/*/tenon-demo-*")
 

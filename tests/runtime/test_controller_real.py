@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tenon.predict.static import FixedPredictor
-from tenon.replay.loadprog import load_command
+from tenon.replay.loadprog import SCRATCH_DIR, load_command
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import ActionResult, Outcome
 
@@ -37,7 +37,8 @@ async def _burst(policy: str, tmp_path: Path, *, backend: str = "process",
                  num_workflows: int = NUM_WORKFLOWS) -> list[list[ActionResult]]:
     async with open_runtime(budget_bytes=BUDGET, backend=backend, state_dir=STATE_DIR,
                             run_dir=tmp_path / policy, policy=policy,
-                            predictor=FixedPredictor(AVG, PEAK)) as rt:
+                            predictor=FixedPredictor(AVG, PEAK),
+                            backend_config={"disposable": [SCRATCH_DIR]}) as rt:
 
         async def workflow() -> list[ActionResult]:
             agent = await rt.create_agent(profile_peak_bytes=PEAK)

@@ -196,10 +196,10 @@ async def test_workspace_writes_are_visible_on_host(env):
     sandbox = await backend.materialize(make_spec(workspace))
     result = await sandbox.exec("echo hello > note.txt && mkdir -p d && touch d/x", timeout_s=10)
     assert result.exit_code == 0, result.output
-    assert (workspace / "note.txt").read_text() == "hello\n"
-    assert (workspace / "d" / "x").exists()
+    assert (workspace / "workspace" / "note.txt").read_text() == "hello\n"
+    assert (workspace / "workspace" / "d" / "x").exists()
     await sandbox.destroy()
-    assert (workspace / "note.txt").exists()
+    assert (workspace / "workspace" / "note.txt").exists()
 
 
 async def test_diff_catches_etc_but_not_workspace_or_tmp(env):
@@ -221,11 +221,11 @@ async def test_diff_catches_etc_but_not_workspace_or_tmp(env):
 
 async def test_memory_is_charged_to_the_domain(env):
     backend, workspace = env
-    sandbox = await backend.materialize(make_spec(workspace))
+    sandbox = await backend.materialize(make_spec(workspace, disposable=("/scratch",)))
     domain = backend.domain
     before_domain = domain.reading().usage_bytes
     before_sandbox = sandbox.cgroup.reading().usage_bytes
-    result = await sandbox.exec("head -c 104857600 /dev/zero > /tmp/blob", timeout_s=30)
+    result = await sandbox.exec("head -c 104857600 /dev/zero > /scratch/blob", timeout_s=30)
     assert result.exit_code == 0, result.output
     assert sandbox.cgroup.reading().usage_bytes - before_sandbox > 90 * MIB
     assert domain.reading().usage_bytes - before_domain > 90 * MIB

@@ -204,16 +204,19 @@ async def test_cannot_read_host_files(sandbox, tmp_path):
     assert result.output.splitlines()[-1] == "sandbox"
 
 
-async def test_writes_only_to_workspace_and_tmp(sandbox):
+async def test_writes_only_to_the_persistent_directories(sandbox):
     result = await run(
         sandbox,
         "for p in /usr/x /etc/x /x /dev/x; do touch $p 2>/dev/null "
         "&& echo wrote $p; done; echo hi > /workspace/w.txt && "
-        "echo data > /tmp/t && cat /tmp/t",
+        "echo data > /tmp/t && echo home > ~/h && cat /tmp/t",
     )
     assert "wrote" not in result.output
     assert result.output.strip() == "data"
-    assert (sandbox.spec.workspace / "w.txt").read_text() == "hi\n"
+    root = sandbox.spec.workspace
+    assert (root / "workspace" / "w.txt").read_text() == "hi\n"
+    assert (root / "tmp" / "t").read_text() == "data\n"  # /tmp persists with the agent
+    assert (root / "home" / "h").read_text() == "home\n"  # and so does HOME
     assert sandbox.changed_paths_outside_workspace() == []
     await run(sandbox, "echo x > /dev/shm/seg")
     assert sandbox.changed_paths_outside_workspace() == ["/dev/shm/seg"]
@@ -266,10 +269,11 @@ async def test_pids_limit(backend, tmp_path):
         await sb.destroy()
 
 
-async def test_tmpfs_is_charged_to_the_sandbox_and_released(backend, domain, tmp_path):
-    sb = await backend.materialize(make_spec(tmp_path))
+async def test_disposable_tmpfs_is_charged_to_the_sandbox_and_released(backend, domain,
+                                                                         tmp_path):
+    sb = await backend.materialize(make_spec(tmp_path, disposable=("/scratch",)))
     before = sb.cgroup.reading().usage_bytes
-    result = await run(sb, "head -c 52428800 /dev/urandom > /tmp/blob && echo ok")
+    result = await run(sb, "head -c 52428800 /dev/urandom > /scratch/blob && echo ok")
     assert result.output.strip() == "ok"
     grown = sb.cgroup.reading().usage_bytes - before
     assert 45 * MIB < grown < 80 * MIB

@@ -32,6 +32,7 @@ from tenon.predict.online import OnlinePredictor
 from tenon.predict.oracle import OraclePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.replay.driver import WorkflowRecord, replay
+from tenon.replay.loadprog import SCRATCH_DIR
 from tenon.replay.schedule import (
     Submission,
     make_schedule,
@@ -130,6 +131,9 @@ async def run_policy(
         return await _run_sim(config, run_dir, submissions, kwargs, on_done)
     from tenon.runtime.open import open_runtime
 
+    # The load program keeps the memory an action leaves behind in SCRATCH_DIR: declared
+    # disposable, so it is charged to the sandbox and dropped at teardown, as recorded.
+    kwargs["backend_config"] = {"disposable": [SCRATCH_DIR]}
     async with open_runtime(budget_bytes=config.budget_bytes, backend=config.backend,
                             state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt:
         records = await replay(rt, submissions, speed=config.speed,

@@ -37,14 +37,19 @@ class AgentOutcome:
     teardown: str
     rebuilt_exit: int
     workspace_intact: bool
-    tmp_cleared: bool  # the tmpfs scratch file did not survive the rebuild
+    scratch_cleared: bool  # the file in the disposable /scratch did not survive the rebuild
+
+
+SCRATCH = "/scratch"
 
 
 def _action(agent_id: str, burst_mib: int) -> str:
-    # Writes durable state to /workspace, and leaves a tmpfs file (lost at teardown) behind.
+    # Writes durable state to /workspace and /tmp, and leaves a file in the disposable
+    # /scratch tmpfs (declared so in the sandbox config: dropped at teardown) behind.
     return (
         f"echo 'notes of {agent_id}' > /workspace/notes.txt && "
-        f"head -c {burst_mib * MIB} /dev/zero > /tmp/scratch && "
+        f"echo 'draft of {agent_id}' > /tmp/draft.txt && "
+        f"head -c {burst_mib * MIB} /dev/zero > {SCRATCH}/burst && "
         "python3 -c 'import hashlib; print(hashlib.sha256(open(\"/workspace/notes.txt\","
         "\"rb\").read()).hexdigest())'"
     )
@@ -74,16 +79,17 @@ async def run_demo(*, backend: str, budget_bytes: int, num_agents: int, state_di
             from tenon.sandbox.docker import remove_parent_cgroups
 
             remove_parent_cgroups(domain.name)
-    table = Table("agent", "action", "teardown", "rebuilt action", "workspace intact", "tmp fresh",
+    table = Table("agent", "action", "teardown", "rebuilt action", "workspace and /tmp intact",
+                  "scratch fresh",
                   title=f"{num_agents} agents on {backend}, budget {format_bytes(budget_bytes)}")
     for o in outcomes:
         table.add_row(o.agent_id, str(o.first_exit), o.teardown, str(o.rebuilt_exit),
                       "yes" if o.workspace_intact else "[red]NO[/red]",
-                      "yes" if o.tmp_cleared else "[red]NO[/red]")
+                      "yes" if o.scratch_cleared else "[red]NO[/red]")
     console.print(table)
     console.print(f"domain memory with all sandboxes resident: {format_bytes(resident_bytes)}; "
                   f"after teardown: {format_bytes(released_bytes)}; total {elapsed_s:.2f} s")
-    if not all(o.workspace_intact and o.tmp_cleared and o.teardown == "torn_down"
+    if not all(o.workspace_intact and o.scratch_cleared and o.teardown == "torn_down"
                for o in outcomes):
         raise SandboxError("demo failed: a workspace was lost or a teardown was refused")
     return outcomes
@@ -104,20 +110,23 @@ async def _exercise(manager: ResidencyManager, domain: WorkloadDomain, num_agent
         t0 = time.perf_counter()
         first = {}
         for agent in agents:
-            await manager.start(agent, image)
+            await manager.start(agent, image, {"disposable": [SCRATCH]})
             first[agent] = await manager.exec(agent, _action(agent, burst_mib),
                                               timeout_s=ACTION_TIMEOUT_S)
         resident_bytes = domain.reading().usage_bytes
         teardowns = {a: await manager.teardown(a) for a in agents}
         released_bytes = domain.reading().usage_bytes
         for agent in agents:
-            again = await manager.exec(agent, "sha256sum /workspace/notes.txt; ls /tmp",
-                                       timeout_s=ACTION_TIMEOUT_S)
+            again = await manager.exec(
+                agent, f"sha256sum /workspace/notes.txt; cat /tmp/draft.txt; ls {SCRATCH}",
+                timeout_s=ACTION_TIMEOUT_S)
             expected = hashlib.sha256(f"notes of {agent}\n".encode()).hexdigest()
-            intact = again.output.split()[0] == expected == first[agent].output.strip()
+            lines = again.output.splitlines()
+            intact = (bool(lines) and lines[0].split()[0] == expected
+                      == first[agent].output.strip() and f"draft of {agent}" in lines[1:2])
             outcomes.append(AgentOutcome(agent, first[agent].exit_code,
                                          teardowns[agent].outcome, again.exit_code, intact,
-                                         "scratch" not in again.output))
+                                         "burst" not in again.output))
         return outcomes, resident_bytes, released_bytes, time.perf_counter() - t0
     finally:
         for agent in agents:

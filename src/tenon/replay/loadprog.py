@@ -12,10 +12,11 @@ pages are still written afterwards: populate is best effort, and a page it skipp
 charged all the same.
 
 What it does, with the trace's level semantics (figures include what earlier actions left
-resident): the sandbox's resident memory is one file, `<tmp_dir>/tenon-resident.bin`, on the
-sandbox's tmpfs, so it is charged to the sandbox and vanishes at teardown. With `existing`
-bytes already in that file, the program allocates anonymous memory (mmap, writing one byte
-in every 4096 so each page is really resident) following
+resident): the sandbox's resident memory is one file, `<tmp_dir>/tenon-resident.bin`, in a
+path the replay declares disposable (a tmpfs at `SCRATCH_DIR`), so it is charged to the
+sandbox and vanishes at teardown. With `existing` bytes already in that file, the program
+allocates anonymous memory (mmap, writing one byte in every 4096 so each page is really
+resident) following
 
     ramp 0 -> peak - existing over 10% of the duration, hold the peak for 10%, then a level
     chosen so the time-average over the whole duration is avg - existing,
@@ -111,12 +112,17 @@ sys.exit(main(sys.argv))
 '''
 
 
+# Where the load program keeps the memory it leaves resident: a path the replay declares
+# disposable in the sandbox configuration (a fresh tmpfs at every materialization).
+SCRATCH_DIR: Final = "/scratch"
+
+
 def load_command(
     avg_bytes: int,
     peak_bytes: int,
     duration_s: float,
     resident_after_bytes: int,
-    tmp_dir: str = "/tmp",
+    tmp_dir: str = SCRATCH_DIR,
     *,
     python: str = "python3",
 ) -> str:

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 TEARDOWN_STEPS = ("validate", "capture", "commit", "destroy")
 REMATERIALIZE_STEPS = ("materialize", "verify")
 # SandboxSpec fields a backend config may set; anything else is rejected.
-SPEC_CONFIG_KEYS = frozenset({"network", "max_pids", "tmp_size_bytes", "env"})
+SPEC_CONFIG_KEYS = frozenset({"network", "max_pids", "tmp_size_bytes", "disposable", "env"})
 
 # Runs blocking workspace I/O: a worker thread by default; `run_inline` under a simulated
 # clock, where a real thread would let time jump while it works.
@@ -92,7 +92,12 @@ def _spec_for(
     sandbox_id = f"{agent_id}-g{generation}-{uuid.uuid4().hex[:8]}"
     # disk_bytes / max_inodes size the agent's workspace filesystem (WorkspaceStore.create).
     fields = {k: v for k, v in config.items() if k not in DiskLimits.CONFIG_KEYS}
-    return SandboxSpec(sandbox_id=sandbox_id, image=image, workspace=workspace, **fields)
+    if "disposable" in fields:  # JSON (the recovery record) carries it as a list
+        fields["disposable"] = tuple(fields["disposable"])
+    try:
+        return SandboxSpec(sandbox_id=sandbox_id, image=image, workspace=workspace, **fields)
+    except (TypeError, ValueError) as exc:
+        raise RecoveryError(f"agent {agent_id}: bad backend config: {exc}") from exc
 
 
 async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:

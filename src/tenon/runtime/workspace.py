@@ -39,12 +39,12 @@ from typing import Any
 from tenon.errors import ConfigError, WorkspaceError
 from tenon.host import diskfs
 from tenon.host.diskfs import DiskLimits, DiskUsage
+from tenon.sandbox.base import PERSISTENT_MOUNTS
 
 logger = logging.getLogger(__name__)
 
-# Subdirectory of the persistent root -> where a sandbox sees it. HOME is /home/user, as in
-# E2B sandboxes, so `pip install --user`, ~/.cache and `git config --global` persist.
-PERSISTENT_DIRS: dict[str, str] = {"workspace": "/workspace", "home": "/home/user", "tmp": "/tmp"}
+# The persistent root's subdirectories (where a sandbox sees each: sandbox.base.PERSISTENT_MOUNTS).
+PERSISTENT_DIRS: tuple[str, ...] = tuple(PERSISTENT_MOUNTS)
 AGENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MANIFEST_VERSION = 1
 # Only the sandbox's own uid may enter a persistent root or its subdirectories; the store

@@ -8,6 +8,12 @@ from typing import Protocol, runtime_checkable
 
 from tenon.host.types import CgroupVersion, GateResult, MemoryReading
 
+# Subdirectory of an agent's persistent root -> where the sandbox sees it. HOME is
+# /home/user, as in E2B sandboxes. Each is captured, fsynced and digested at teardown.
+PERSISTENT_MOUNTS: dict[str, str] = {"workspace": "/workspace", "home": "/home/user",
+                                     "tmp": "/tmp"}
+HOME_DIR = PERSISTENT_MOUNTS["home"]
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -15,11 +21,26 @@ class SandboxSpec:
 
     sandbox_id: str  # stable, filesystem-safe; names the cgroup / container
     image: str  # base image name, e.g. "tenon-base:bookworm"
-    workspace: Path  # host directory bind-mounted read-write at /workspace
+    # The agent's persistent root on the host: its subdirectories (`PERSISTENT_MOUNTS`) are
+    # bound read-write at /workspace, HOME and /tmp.
+    workspace: Path
     network: bool = False  # no network unless asked
     max_pids: int = 512
-    tmp_size_bytes: int = 1024 * 1024 * 1024  # tmpfs /tmp size cap (charged to the sandbox)
+    # Size cap of each tmpfs (/dev/shm and the disposable paths), charged to the sandbox.
+    tmp_size_bytes: int = 1024 * 1024 * 1024
+    # Absolute paths mounted as a fresh tmpfs at every materialization: whatever an action
+    # leaves there is dropped at teardown. Only declared explicitly, never by default.
+    disposable: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        mounts = set(PERSISTENT_MOUNTS.values())
+        for path in self.disposable:
+            if not path.startswith("/") or path == "/" or ".." in path.split("/"):
+                raise ValueError(f"disposable path {path!r} must be absolute, below /, no '..'")
+            if any(path == m or path.startswith(m + "/") or m.startswith(path + "/")
+                   for m in mounts):
+                raise ValueError(f"disposable path {path!r} overlaps a persistent directory")
 
 
 @dataclass(frozen=True)
@@ -121,7 +142,8 @@ class Sandbox(Protocol):
         ...
 
     def changed_paths_outside_workspace(self) -> list[str] | None:
-        """Paths written outside /workspace and /tmp; None when it cannot be known."""
+        """Paths written outside the persistent and disposable directories; None when it
+        cannot be known."""
         ...
 
     async def destroy(self) -> None:

@@ -41,7 +41,7 @@ from tenon.errors import (
     SandboxFrozen,
 )
 from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
-from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 
 if TYPE_CHECKING:
     from tenon.host.domain import SandboxCgroup, WorkloadDomain
@@ -52,10 +52,9 @@ SANDBOX_LABEL = "tenon.sandbox"
 DOMAIN_LABEL = "tenon.domain"
 _PAUSED_REFUSAL = "cannot exec in a paused container"
 _HELD_POLL_S = 0.02
-WORKSPACE = "/workspace"
-_UNTRACKED_PREFIXES = (WORKSPACE, "/tmp")
+WORKSPACE = PERSISTENT_MOUNTS["workspace"]
 # Mount points runc creates in the writable layer; they and their parent dirs are no action's.
-_MOUNT_POINTS = (WORKSPACE, "/tmp", "/sbin/docker-init", "/usr/sbin/docker-init")
+_MOUNT_POINTS = (*PERSISTENT_MOUNTS.values(), "/sbin/docker-init", "/usr/sbin/docker-init")
 _READY_TIMEOUT_S = 10.0
 # Docker keeps stdout and stderr as two pipes, so their relative order would be lost;
 # one pipe for both keeps the interleaving. The action is still exactly `sh -c command`.
@@ -104,21 +103,27 @@ def connect(timeout_s: float = 30.0) -> docker.DockerClient:
 
 def container_options(spec: SandboxSpec) -> dict[str, Any]:
     """`containers.create` keyword arguments shared by Tenon and the bare baseline."""
-    workspace = spec.workspace.resolve()
-    owner = workspace.stat()
+    root = spec.workspace.resolve()
+    owner = root.stat()
+    volumes = {}
+    for sub, target in PERSISTENT_MOUNTS.items():
+        (root / sub).mkdir(exist_ok=True)
+        volumes[str(root / sub)] = {"bind": target, "mode": "rw"}
+    tmpfs = {path: f"size={spec.tmp_size_bytes},mode=1777" for path in spec.disposable}
     return {
         "image": spec.image,
         "command": ["sleep", "infinity"],
         "init": True,  # docker-init reaps orphans, so leftovers never pile up as zombies
         "network_mode": "bridge" if spec.network else "none",
-        "volumes": {str(workspace): {"bind": WORKSPACE, "mode": "rw"}},
+        "volumes": volumes,
         "working_dir": WORKSPACE,
-        "tmpfs": {"/tmp": f"size={spec.tmp_size_bytes},mode=1777"},
+        "tmpfs": tmpfs,
+        "shm_size": spec.tmp_size_bytes,
         "pids_limit": spec.max_pids,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "user": f"{owner.st_uid}:{owner.st_gid}",
-        "environment": dict(spec.env),
+        "environment": {"HOME": HOME_DIR, **spec.env},
     }
 
 
@@ -332,7 +337,7 @@ class DockerSandbox:
 
     def _start(self, command: str, token: str) -> tuple[str, Any]:
         api = self.client.api
-        env = {**self.spec.env, EXEC_ID_VAR: token}
+        env = {"HOME": HOME_DIR, **self.spec.env, EXEC_ID_VAR: token}
         argv = [*_MERGED_SH, command]
         exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=WORKSPACE)
         exec_id = exec_id["Id"]
@@ -355,7 +360,8 @@ class DockerSandbox:
         return describe(sorted(set(self._pids()) - self.init_pids))
 
     def changed_paths_outside_workspace(self) -> list[str] | None:
-        """Paths in the container's writable layer outside /workspace and /tmp.
+        """Paths in the container's writable layer outside the persistent and disposable
+        directories.
 
         Walks the overlay2 upper directory from the host (about a millisecond);
         `docker diff` answers the same but takes ~0.4 s here, so it is only the fallback.
@@ -368,7 +374,8 @@ class DockerSandbox:
         except Exception as exc:
             logger.warning("sandbox %s: cannot list changes: %s", self.spec.sandbox_id, exc)
             return None
-        return sorted(path for path, is_dir in changed if not _untracked(path, is_dir))
+        mounts = (*_MOUNT_POINTS, *self.spec.disposable)
+        return sorted(path for path, is_dir in changed if not _untracked(path, is_dir, mounts))
 
     def oom_killed(self) -> bool:
         """Docker's own OOMKilled flag (a cross-check; the domain's OOM counters are primary)."""
@@ -413,11 +420,11 @@ def _walk_upper(upper: Path) -> list[tuple[str, bool]]:
     return found
 
 
-def _untracked(path: str, is_dir: bool) -> bool:
-    if any(path == p or path.startswith(p + "/") for p in _UNTRACKED_PREFIXES + _MOUNT_POINTS):
+def _untracked(path: str, is_dir: bool, mounts: tuple[str, ...]) -> bool:
+    if any(path == p or path.startswith(p + "/") for p in mounts):
         return True
     # A copied-up parent of a mount point; writes inside it show up as their own paths.
-    return is_dir and any(m.startswith(path + "/") for m in _MOUNT_POINTS)
+    return is_dir and any(m.startswith(path + "/") for m in mounts)
 
 
 def _created_id(container: Container) -> str:

@@ -2,7 +2,8 @@
 
 Each sandbox is one `bwrap` tree (new user, pid, mount, uts, ipc, cgroup and, unless
 asked otherwise, net namespaces) over the base image's rootfs mounted read-only, with
-the workspace bound read-write at /workspace and size-capped tmpfs at /tmp and /dev/shm.
+the agent's persistent directories bound read-write at /workspace, HOME (/home/user) and
+/tmp, and size-capped tmpfs at /dev/shm and at each path declared disposable.
 bwrap runs as an unprivileged *host* uid (`host_uid`), so no sandbox process is host
 root even inside its user namespace (a kuid-0 process could still write root-owned
 sysctls or read /proc/kpage*); inside it appears as uid/gid 1000. Actions enter the
@@ -47,7 +48,7 @@ from tenon.sandbox._exec import (
     read_child_pid,
     wait_ready,
 )
-from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.image import image_rootfs
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may 
 _READY = b"tenon-ready\n"
 _STAGE_SH = 'mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 && exec "$@"'
 _INIT_SH = f"echo {_READY.decode().strip()}; exec sleep infinity </dev/null >/dev/null 2>&1"
-# Mounts an action may write through; anything else rw makes the outside-writes answer unknown.
-_WRITABLE_MOUNTS = ("/workspace", "/tmp", "/dev/shm", "/dev/pts", "/proc")
+# Mounts an action may write through (besides the spec's disposable paths); anything else rw
+# makes the outside-writes answer unknown.
+_WRITABLE_MOUNTS = (*PERSISTENT_MOUNTS.values(), "/dev/shm", "/dev/pts", "/proc")
 
 
 def _tools() -> dict[str, str | None]:
@@ -138,6 +140,8 @@ class ProcessBackend:
         """The sandbox's host uid must own the workspace to write it (lchown: never follow)."""
         if not workspace.is_dir():
             raise WorkspaceError(f"workspace {workspace} is not a directory")
+        for sub in PERSISTENT_MOUNTS:
+            (workspace / sub).mkdir(exist_ok=True)
         uid = gid = self.host_uid
         for root, dirs, files in os.walk(workspace):
             for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
@@ -151,6 +155,10 @@ class ProcessBackend:
         0700 parent): root first binds rootfs and workspace onto fixed staging points inside a
         private mount namespace (invisible to the host, gone with the sandbox)."""
         size = str(spec.tmp_size_bytes)
+        staged = self._stage / "workspace"
+        persistent = [arg for sub, target in PERSISTENT_MOUNTS.items()
+                      for arg in ("--bind", str(staged / sub), target)]
+        disposable = [arg for path in spec.disposable for arg in ("--size", size, "--tmpfs", path)]
         return [
             tools["unshare"], "--mount", "--propagation", "private", "--",
             "/bin/sh", "-c", _STAGE_SH, "tenon-stage", str(rootfs), str(spec.workspace),
@@ -163,12 +171,12 @@ class ProcessBackend:
             "--hostname", "sandbox", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--cap-drop", "ALL",
             "--ro-bind", str(self._stage / "root"), "/",
-            "--bind", str(self._stage / "workspace"), "/workspace",
+            *persistent,
             "--proc", "/proc", "--dev", "/dev",
             "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-            "--size", size, "--tmpfs", "/tmp",
+            *disposable,
             "--chdir", "/workspace", "--clearenv",
-            "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp",
+            "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", HOME_DIR,
             "--info-fd", str(info_fd),
             "--", "/bin/sh", "-c", _INIT_SH,
         ]
@@ -176,7 +184,8 @@ class ProcessBackend:
     async def materialize(self, spec: SandboxSpec) -> ProcessSandbox:
         tools = self._require_tools()
         rootfs = image_rootfs(spec.image, self.state_dir)
-        (rootfs / "workspace").mkdir(exist_ok=True)  # mount point for the bind
+        for point in (*PERSISTENT_MOUNTS.values(), *spec.disposable):  # bwrap's mount points
+            (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self._ensure_stage()
         workspace = spec.workspace.resolve()
         await asyncio.to_thread(self._prepare_workspace, workspace)
@@ -299,7 +308,7 @@ class ProcessSandbox:
                    max_output_bytes: int = 65536) -> ExecResult:
         self._ensure_usable()
         exec_id = uuid.uuid4().hex
-        env = {"PATH": SANDBOX_PATH, "HOME": "/tmp", "LANG": "C.UTF-8",
+        env = {"PATH": SANDBOX_PATH, "HOME": HOME_DIR, "LANG": "C.UTF-8",
                **self._spec.env, EXEC_ID_VAR: exec_id}
         argv = enter_cgroup_argv(self.cgroup.procs_files(), [
             self._tools["setpriv"], "--no-new-privs", "--", self._tools["nsenter"],
@@ -348,6 +357,7 @@ class ProcessSandbox:
 
     def changed_paths_outside_workspace(self) -> list[str] | None:
         """[] by construction (read-only root); /dev/shm files are listed; None if unverifiable."""
+        writable = (*_WRITABLE_MOUNTS, *self._spec.disposable)
         try:
             mountinfo = Path(f"/proc/{self.child_pid}/mountinfo").read_text()
             for line in mountinfo.splitlines():
@@ -356,7 +366,7 @@ class ProcessSandbox:
                 if "rw" not in options:
                     continue
                 allowed = any(mount_point == m or mount_point.startswith(m + "/")
-                              for m in _WRITABLE_MOUNTS)
+                              for m in writable)
                 device_node = mount_point.startswith("/dev/") and fields[-3] == "devtmpfs"
                 if not (allowed or device_node):
                     logger.warning("sandbox %s: unexpected writable mount %s",
