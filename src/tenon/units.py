@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from tenon.errors import ConfigError
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
+# Byte counts cross into the kernel (memory.max, memory.limit_in_bytes) and into SQLite as
+# signed 64-bit integers; a size beyond that is a typo, not a budget.
+MAX_SIZE_BYTES = 2**63 - 1
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -20,21 +24,36 @@ _SIZE_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str | int, *, what: str = "size") -> int:
-    """Parse "3GiB", "512MB", "1048576" into bytes; reject negatives and unknown units."""
+    """Parse "3GiB", "512MB", "1048576" into bytes.
+
+    Negatives, unknown units and sizes above MAX_SIZE_BYTES (8 EiB) raise ConfigError. The
+    number is taken exactly (no float rounding or overflow), then truncated to whole bytes.
+    """
     if isinstance(text, int):
         value_bytes = text
     else:
         match = _SIZE_RE.match(text)
         if not match:
-            raise ConfigError(f"{what}: cannot parse {text!r} as a size (e.g. 3GiB, 512MiB)")
+            raise ConfigError(
+                f"{what}: cannot parse {_shorten(text)!r} as a size (e.g. 3GiB, 512MiB)")
         number, unit = match.groups()
         factor = _SIZE_UNITS.get(unit.lower())
         if factor is None:
             raise ConfigError(f"{what}: unknown unit {unit!r} in {text!r}")
-        value_bytes = int(float(number) * factor)
+        try:
+            value_bytes = int(Fraction(number) * factor)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            raise ConfigError(f"{what}: too many digits in {_shorten(text)!r}") from None
     if value_bytes < 0:
         raise ConfigError(f"{what}: must not be negative, got {text!r}")
+    if value_bytes > MAX_SIZE_BYTES:
+        raise ConfigError(f"{what}: {_shorten(str(text))!r} is beyond the largest size a 64-bit "
+                          f"byte count holds ({MAX_SIZE_BYTES} bytes, 8 EiB)")
     return value_bytes
+
+
+def _shorten(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def parse_duration(text: str | float, *, what: str = "duration") -> float:

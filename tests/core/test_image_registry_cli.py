@@ -28,7 +28,7 @@ def test_unknown_backend_lists_known_ones(tmp_path):
 def test_doctor_reports_missing_image_with_fix(tmp_path):
     result = CliRunner().invoke(app, ["doctor", "--state-dir", str(tmp_path)],
                                 env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # a failed check is a failed doctor
     assert "base rootfs" in result.output
     assert "tenon image build" in result.output
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import time
@@ -12,30 +13,59 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tenon.cli.errors import (
+    describe_validation,
+    parse_positive_float,
+    require_writable_dir,
+    require_writable_file,
+    write_text,
+)
 from tenon.errors import ConfigError
+from tenon.policy.baselines import parse_policy
 from tenon.policy.config import PolicyConfig
-from tenon.replay.bench import BenchConfig, run_bench
+from tenon.replay.bench import BenchConfig, check_budget, run_bench
 from tenon.replay.driver import WorkflowRecord
 from tenon.replay.report import draw, table_markdown
+from tenon.replay.schedule import make_schedule, makespan_bound_s
+from tenon.replay.trace import MAX_SUBMIT_S, load_trace
 from tenon.units import parse_size
 
 SWEEPABLE = ("qps", "red_fraction", "yellow_fraction", "admission_window_bytes",
              "lifecycle_limit")
+# Workflow instances one run submits (--workflows, or --qps times --window). Each instance is
+# a sandbox and a row in every log; more than this is a typo, and the schedule alone would
+# exhaust memory before the first one ran.
+MAX_SUBMISSIONS = 100_000
+# The option each BenchConfig field comes from, so a validation error names what to change.
+BENCH_FLAGS = {
+    "trace": "--trace", "budget_bytes": "--budget", "policies": "--policies",
+    "backend": "--backend", "speed": "--speed", "qps": "--qps", "window_s": "--window",
+    "num_workflows": "--workflows", "max_retries": "--retries", "predictor": "--predictor",
+    "policy_config": "--set", "out_dir": "--out", "state_dir": "--state-dir",
+}
 
 
 def parse_seconds(text: str, *, what: str) -> float:
-    raw = text.strip().lower().removesuffix("s")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{what}: expected seconds like 10s, got {text!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{what}: must be positive, got {text!r}")
-    return value
+    """A positive, finite number of seconds ("10s" or "10"), at most a week."""
+    return parse_positive_float(text.strip().lower().removesuffix("s"), what=what,
+                                example="10s", max_value=MAX_SUBMIT_S)
+
+
+def parse_qps(text: str | None) -> list[float]:
+    """`--qps`: one rate or a comma-separated list (a sweep); [] means trace times."""
+    if text is None:
+        return []
+    values = [v for v in text.split(",") if v.strip()]
+    if not values:
+        raise ConfigError(f"--qps: expected a rate like 16 or a list like 8,16, got {text!r}")
+    # A rate above the submission cap would submit more than MAX_SUBMISSIONS in one second.
+    return [parse_positive_float(v, what="--qps", example="16", max_value=MAX_SUBMISSIONS)
+            for v in values]
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -45,24 +75,34 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        out[key.strip()] = _coerce(key.strip(), value.strip())
-    PolicyConfig.model_validate(out)
+        out[key.strip()] = _coerce(key.strip(), value.strip(), what=f"--set {key.strip()}")
+    _validate_policy_config(out)
     return out
 
 
-def _coerce(key: str, value: str) -> Any:
+def _validate_policy_config(settings: dict[str, Any]) -> None:
+    try:
+        PolicyConfig.model_validate(settings)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation(exc, prefix="--set ")) from None
+
+
+def _coerce(key: str, value: str, *, what: str) -> Any:
     if value.lower() == "none":
         return None
     if key.endswith("_bytes"):
-        return parse_size(value, what=key)
+        return parse_size(value, what=what)
     try:
         return int(value)
     except ValueError:
         pass
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         return value
+    if not math.isfinite(number):
+        raise ConfigError(f"{what}: must be a finite number, got {value!r}")
+    return number
 
 
 def sweep_points(sweep: str | None, qps: str | None) -> tuple[str | None, list[Any]]:
@@ -73,32 +113,89 @@ def sweep_points(sweep: str | None, qps: str | None) -> tuple[str | None, list[A
         if not sep or key not in SWEEPABLE:
             raise ConfigError(f"--sweep expects one of {', '.join(SWEEPABLE)}=v1,v2,..., "
                               f"got {sweep!r}")
-        return key, [_coerce(key, v) for v in values.split(",") if v.strip()]
-    if qps and "," in qps:
-        return "qps", [float(v) for v in qps.split(",") if v.strip()]
+        if key == "qps":
+            return key, parse_qps(values)
+        return key, [_coerce(key, v, what=f"--sweep {key}") for v in values.split(",")
+                     if v.strip()]
+    rates = parse_qps(qps)
+    if len(rates) > 1:
+        return "qps", list(rates)
     return None, [None]
 
 
-def run_cli_bench(*, console: Console, base: dict[str, Any], sweep: str | None,
-                  qps: str | None, json_path: Path | None) -> None:
+def bench_configs(base: dict[str, Any], sweep: str | None,
+                  qps: str | None) -> tuple[str | None, list[tuple[Any, BenchConfig]]]:
+    """The swept parameter and every point's validated config, before any of them runs."""
+    speed = base.get("speed", 1.0)
+    if isinstance(speed, float) and not math.isfinite(speed):
+        raise ConfigError(f"--speed: must be a finite number, got {speed}")
     param, values = sweep_points(sweep, qps)
-    points = []
+    rates = parse_qps(qps)
+    configs = []
     for value in values:
         fields = dict(base)
-        fields["qps"] = float(qps) if qps and param != "qps" else fields.get("qps")
+        fields["qps"] = rates[0] if len(rates) == 1 and param != "qps" else fields.get("qps")
         if param == "qps":
             fields["qps"] = value
         elif param is not None:
             fields["policy_config"] = {**fields["policy_config"], param: value}
+            _validate_policy_config(fields["policy_config"])
         if param is not None:
             fields["out_dir"] = Path(fields["out_dir"]) / f"{param}-{value}"
-        config = BenchConfig.model_validate(fields)
+        try:
+            config = BenchConfig.model_validate(fields)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation(exc, BENCH_FLAGS)) from None
+        configs.append((value, config))
+    return param, configs
+
+
+def preflight(configs: list[tuple[Any, BenchConfig]]) -> None:
+    """Refuse, before anything runs, what would fail or never finish part-way through a sweep:
+    an unknown policy, a bad trace, a budget below the largest action, more than
+    MAX_SUBMISSIONS workflows, a replay whose ideal length passes a week (where the simulator
+    gives up), or a run directory that cannot be written.
+    """
+    for _, config in configs:
+        for name in config.policies:
+            try:
+                parse_policy(name)
+            except ConfigError as exc:
+                raise ConfigError(f"--policies: {exc}") from None
+    trace = load_trace(configs[0][1].trace)
+    for _, config in configs:
+        check_budget(trace, config.budget_bytes)
+        if config.qps is not None:
+            count = config.num_workflows or max(round(config.qps * config.window_s), 1)
+            if count > MAX_SUBMISSIONS:
+                flag = "--workflows" if config.num_workflows else "--qps x --window"
+                raise ConfigError(f"{flag}: {count} workflows exceed the limit of "
+                                  f"{MAX_SUBMISSIONS}")
+        submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
+                                    speed=config.speed, num_workflows=config.num_workflows)
+        ideal_s = makespan_bound_s(submissions, config.speed)
+        if ideal_s > MAX_SUBMIT_S:
+            raise ConfigError(f"at --speed {config.speed:g} the replay needs at least "
+                              f"{ideal_s:.0f} s, beyond a week ({MAX_SUBMIT_S:.0f} s); raise "
+                              "--speed or --qps")
+        require_writable_dir(config.out_dir, what="--out")
+        if config.backend != "sim":  # the simulator keeps its state in a temporary directory
+            require_writable_dir(config.state_dir, what="--state-dir")
+
+
+def run_cli_bench(*, console: Console, base: dict[str, Any], sweep: str | None,
+                  qps: str | None, json_path: Path | None) -> None:
+    param, configs = bench_configs(base, sweep, qps)
+    preflight(configs)
+    if json_path is not None:
+        require_writable_file(json_path, what="--json")
+    points = []
+    for value, config in configs:
         summary = _run_one(console, config)
         points.append({"value": value, **summary})
     if json_path is not None:
         result = points[0] if param is None else {"sweep": param, "points": points}
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        write_text(json_path, json.dumps(result, indent=2) + "\n", what="--json")
         console.print(f"results: {json_path}")
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -16,9 +17,10 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
+from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
 from tenon.cli.predict import predict_app
 from tenon.errors import ConfigError, TenonError
-from tenon.units import parse_size
+from tenon.units import MIB, format_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 image_app = typer.Typer(no_args_is_help=True, help="Build and inspect the base image.")
@@ -36,11 +38,19 @@ DEFAULT_IMAGE = "tenon-base:bookworm"
 StateDir = Annotated[Path, typer.Option(help="Tenon's state directory.")]
 Image = Annotated[str, typer.Option(help="Base image name.")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="Write results here.")]
+# Sampling longer than a day measures nothing a minute would not.
+MAX_SAMPLING_S = 86_400.0
 
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(2)
+# Exit status of `tenon doctor` when a check fails (2 stays for bad input).
+EXIT_CHECK_FAILED = 1
+# The demo's action writes this much into each agent's /tmp; a budget below it cannot hold
+# even one agent.
+DEMO_BURST_MIB = 64
+
+
+def _fail(exc: Exception) -> NoReturn:
+    fail(exc)
 
 
 @app.callback()
@@ -60,8 +70,11 @@ def doctor(state_dir: StateDir = DEFAULT_STATE_DIR, image: Image = DEFAULT_IMAGE
         status = "[green]ok[/green]" if check.ok else "[red]missing[/red]"
         table.add_row(check.name, status, check.detail, check.fix)
     console.print(table)
-    if not all(c.ok for c in checks):
-        console.print("[yellow]some features are unavailable; see the fix column[/yellow]")
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        console.print(f"[yellow]{len(failed)} of {len(checks)} checks failed "
+                      f"({', '.join(failed)}); see the fix column[/yellow]")
+        raise typer.Exit(EXIT_CHECK_FAILED)
 
 
 @image_app.command("build")
@@ -74,6 +87,7 @@ def image_build(
     from tenon.sandbox.image import build_image
 
     try:
+        require_writable_dir(state_dir, what="--state-dir")
         info = build_image(image, state_dir=state_dir, force=force)
     except TenonError as exc:
         _fail(exc)
@@ -165,6 +179,11 @@ def bench_lifecycle_cmd(
     from tenon.sandbox.registry import make_backend
 
     try:
+        if runs < 1:
+            raise ConfigError(f"--runs: must be at least 1, got {runs}")
+        if json_path is not None:
+            require_writable_file(json_path, what="--json")
+        require_writable_dir(state_dir, what="--state-dir")
         impl_domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
     except TenonError as exc:
         _fail(exc)
@@ -193,17 +212,16 @@ def bench_lifecycle_cmd(
     if backend == "docker":
         ratio = result["materialize_ms"] / result["bare_run_ms"]
         console.print(f"materialize / bare docker run = {ratio:.3f} (target <= 1.25)")
-    console.print_json(json.dumps(result))
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(result, json_path)
 
 
 def _write_json(result: dict[str, object], json_path: Path | None) -> None:
     console.print_json(json.dumps(result))
     if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            write_text(json_path, json.dumps(result, indent=2) + "\n", what="--json")
+        except TenonError as exc:
+            _fail(exc)
 
 
 @bench_app.command("gate")
@@ -216,6 +234,8 @@ def bench_gate_cmd(
     from tenon.policy.bench import bench_gate
 
     try:
+        if json_path is not None:
+            require_writable_file(json_path, what="--json")
         result = bench_gate(sandboxes, iterations)
     except ValueError as exc:
         _fail(exc)
@@ -235,6 +255,12 @@ def bench_sampling_cmd(
     from tenon.runtime.bench import bench_sampling
 
     try:
+        if not math.isfinite(seconds) or seconds > MAX_SAMPLING_S:
+            raise ConfigError(f"--seconds: must be a finite number of seconds up to "
+                              f"{MAX_SAMPLING_S:.0f}, got {seconds}")
+        if json_path is not None:
+            require_writable_file(json_path, what="--json")
+        require_writable_dir(state_dir, what="--state-dir")
         result = asyncio.run(bench_sampling(num_sandboxes=sandboxes, seconds=seconds,
                                             backend=backend, state_dir=state_dir, image=image))
     except (TenonError, ValueError) as exc:
@@ -255,8 +281,15 @@ def demo(
 
     try:
         budget_bytes = parse_size(budget, what="--budget")
+        if budget_bytes < DEMO_BURST_MIB * MIB:
+            raise ConfigError(f"--budget: {format_bytes(budget_bytes)} cannot hold one agent's "
+                              f"{DEMO_BURST_MIB} MiB action; give at least {DEMO_BURST_MIB}MiB")
+        if agents < 1:
+            raise ConfigError(f"--agents: must be at least 1, got {agents}")
+        require_writable_dir(state_dir, what="--state-dir")
         asyncio.run(run_demo(backend=backend, budget_bytes=budget_bytes, num_agents=agents,
-                             state_dir=state_dir, image=image, console=console))
+                             state_dir=state_dir, image=image, console=console,
+                             burst_mib=DEMO_BURST_MIB))
     except TenonError as exc:
         _fail(exc)
 
@@ -276,6 +309,7 @@ def import_agentcgroup_cmd(
     from tenon.replay.trace import write_trace
 
     try:
+        require_writable_file(output, what="--output")
         trace = import_agentcgroup(directory, base_image=base_image)
         write_trace(trace, output)
     except TenonError as exc:
@@ -303,6 +337,7 @@ def import_miniswe_cmd(
     try:
         if profile is not None and profile_from is not None:
             raise ConfigError("give --profile or --profile-from, not both")
+        require_writable_file(output, what="--output")
         source: object = profile
         if profile_from is not None:
             source = _memory_from_trace(profile_from)

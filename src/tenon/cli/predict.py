@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from tenon.cli.errors import fail, require_writable_file, write_text
 from tenon.errors import ConfigError, TenonError
 from tenon.units import MIB, parse_size
 
@@ -28,9 +29,15 @@ Heavy = Annotated[str, typer.Option("--heavy", help="Heavy action: measured peak
 Seed = Annotated[int, typer.Option(help="Seed of the workflow split or folds.")]
 
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(2)
+def _fail(exc: Exception) -> NoReturn:
+    fail(exc)
+
+
+def _check_outputs(*paths: tuple[Path | None, str]) -> None:
+    """Refuse an unwritable output path before any training or evaluation starts."""
+    for path, what in paths:
+        if path is not None:
+            require_writable_file(path, what=what)
 
 
 def _episodes(traces: list[Path]) -> list[Episode]:
@@ -47,9 +54,8 @@ def _write_json(result: dict[str, Any], json_path: Path | None) -> None:
     if json_path is None:
         return
     try:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
-    except OSError as exc:
+        write_text(json_path, json.dumps(result, indent=2) + "\n", what="--json")
+    except TenonError as exc:
         _fail(exc)
     console.print(f"wrote {json_path}")
 
@@ -98,6 +104,7 @@ def train_cmd(
     from tenon.predict.model import save_model, train_model
 
     try:
+        _check_outputs((output, "--output"))
         episodes = _episodes(traces)
         model = train_model(episodes, heavy_peak_bytes=parse_size(heavy, what="--heavy"))
         save_model(model, output)
@@ -138,6 +145,7 @@ def eval_cmd(
     try:
         if model_path is not None and folds is not None:
             raise ConfigError("give --model or --folds, not both")
+        _check_outputs((json_path, "--json"))
         episodes = _episodes(traces)
         if model_path is not None:
             model = load_model(model_path)
@@ -185,6 +193,7 @@ def curve_cmd(
     from tenon.predict.evaluate import learning_curve
 
     try:
+        _check_outputs((json_path, "--json"))
         try:
             shares = [float(f) for f in fractions.split(",") if f.strip()]
         except ValueError:
@@ -224,6 +233,7 @@ def bench_cmd(
     from tenon.predict.model import DEFAULT_HEAVY_PEAK_BYTES, load_model, train_model
 
     try:
+        _check_outputs((json_path, "--json"))
         episodes = _episodes(traces)
         if model_path is not None:
             model = load_model(model_path)

@@ -39,6 +39,9 @@ TRACE_VERSION: Final = 1
 MAX_BYTES: Final = 1 << 40
 # A single model wait or action longer than a day is a broken timestamp.
 MAX_SECONDS: Final = 86_400.0
+# A submission more than a week after the trace start is a broken timestamp too; the
+# simulated bench also stops at a week of clock time.
+MAX_SUBMIT_S: Final = 7 * 86_400.0
 
 MetadataValue = str | int | float | bool | None
 
@@ -87,7 +90,8 @@ class Step(_Strict):
 
 class Workflow(_Strict):
     id: str = Field(min_length=1)
-    submit_s: float = Field(ge=0, description="seconds from the trace start")
+    submit_s: float = Field(ge=0, le=MAX_SUBMIT_S, allow_inf_nan=False,
+                            description="seconds from the trace start")
     base_image: str = Field(min_length=1)
     family: str = Field(min_length=1, description="e.g. the repository name")
     task_prompt: str | None = None
