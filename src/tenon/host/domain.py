@@ -184,14 +184,21 @@ class WorkloadDomain:
 
     def remove(self) -> None:
         """Remove every child (killing its processes), then the domain (idempotent)."""
+        self.remove_children()
+        self._self_cgroup().remove()
+        logger.info("removed workload domain %s", self.name)
+
+    def remove_children(self) -> list[str]:
+        """Kill and remove every cgroup below the domain, keeping the domain itself (what a
+        dead controller left behind); the relative paths removed."""
         by_dir = {c.dirs["memory"]: c for c in self._children.values() if "memory" in c.dirs}
-        for rel in self._descendant_paths():  # deepest first: rmdir needs empty children
+        removed = self._descendant_paths()
+        for rel in removed:  # deepest first: rmdir needs empty children
             dirs = {c: d for c, d in self._dirs(rel).items() if d.is_dir()}
             child = by_dir.get(dirs.get("memory", Path())) or SandboxCgroup(rel, self.layout, dirs)
             child.remove()
         self._children.clear()
-        self._self_cgroup().remove()
-        logger.info("removed workload domain %s", self.name)
+        return removed
 
     def _descendant_paths(self) -> list[str]:
         found: set[str] = set()

@@ -5,20 +5,33 @@ then the action, reproduced by the load program (its recorded memory profile, du
 divided by the speed) or literally. An attempt fails on an OOM kill, a lost sandbox or a
 timeout; the workflow is then started again from scratch (a fresh agent), up to
 `max_retries` more times, so a failure's cost shows in the makespan and latency.
+
+Resuming after a controller restart (`journal`): every workflow that completes is
+appended, fsynced, to the journal, and a replay given an existing journal skips those and
+continues the others. The controller holds each agent's logical state, so a workflow whose
+agent was recovered (`Runtime.recovered`) resumes at its next step, running an interrupted
+action again; a blocked agent is discarded and its workflow starts a fresh attempt.
+Workflows without a recovered agent start from their first step. Submit times count from
+the first run's start (wall clock), so a resumed replay keeps the schedule.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from tenon.errors import RecoveryError, SandboxError, TenonError
 from tenon.replay.loadprog import load_command
 from tenon.replay.schedule import Submission, own_length_s
 from tenon.replay.trace import Action
-from tenon.runtime.controller import Runtime
+from tenon.runtime.controller import Agent, Runtime
 from tenon.runtime.results import Outcome
 from tenon.sandbox.sim import sim_load_command
 
@@ -61,6 +74,50 @@ def action_timeout_s(action: Action, speed: float) -> float:
     return max(MIN_ACTION_TIMEOUT_S, TIMEOUT_FACTOR * action.duration_s / speed)
 
 
+def with_workspace_write(command: str, path: str, num_bytes: int) -> str:
+    """`command`, then `num_bytes` random bytes written to `path` (in the persistent root);
+    the exit code stays the command's."""
+    return (f"{command}; rc=$?; head -c {int(num_bytes)} /dev/urandom > {path}; "
+            f"exit $rc")
+
+
+class Journal:
+    """Completed workflows, one JSON line each, fsynced: what a resumed replay skips."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started_wall_s = time.time()
+        self.completed: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # a torn last line: that write never returned
+                    continue
+                if entry.get("kind") == "start":
+                    self.started_wall_s = float(entry["wall_s"])
+                elif entry.get("kind") == "completed":
+                    self.completed[entry["workflow"]] = entry
+        else:
+            self._append({"kind": "start", "wall_s": self.started_wall_s})
+
+    def elapsed_s(self) -> float:
+        return time.time() - self.started_wall_s
+
+    def complete(self, record: WorkflowRecord) -> None:
+        entry = {"kind": "completed", "workflow": record.instance,
+                 "attempts": record.attempts, "end_s": round(self.elapsed_s(), 3)}
+        self._append(entry)
+        self.completed[record.instance] = entry
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
 async def replay(
     runtime: Runtime,
     submissions: Sequence[Submission],
@@ -68,21 +125,38 @@ async def replay(
     speed: float,
     max_retries: int = 5,
     on_done: Callable[[WorkflowRecord], None] | None = None,
+    journal: Path | None = None,
+    workspace_write_bytes: int = 0,
 ) -> list[WorkflowRecord]:
-    """Run every submission (concurrently, each at its submit time); one record each."""
+    """Run every submission (concurrently, each at its submit time); one record each.
+
+    With `journal`, the replay is resumable (see the module docstring); with
+    `workspace_write_bytes`, each action also writes that many bytes into the agent's
+    workspace (`/workspace/step-<n>.bin`), so restarts have committed bytes to keep.
+    """
     clock = runtime.clock
     sim = runtime.backend.name == "sim"
     start = clock.now()
     records = [WorkflowRecord(s.instance, s.submit_s) for s in submissions]
+    done = Journal(journal) if journal is not None else None
+    offset_s = done.elapsed_s() if done is not None else 0.0
+    resumable = await _claim_recovered(runtime, submissions, done)
 
     async def one(sub: Submission, record: WorkflowRecord) -> None:
-        await clock.sleep(sub.submit_s)
+        if done is not None and sub.instance in done.completed:
+            record.completed = True
+            record.attempts = int(done.completed[sub.instance].get("attempts", 1))
+            return
+        await clock.sleep(max(sub.submit_s - offset_s, 0.0))
         workflow = sub.workflow
+        resumed = resumable.pop(sub.instance, None)
         try:
             while record.attempts <= max_retries and not record.completed:
                 record.attempts += 1
+                agent, resumed = resumed, None
                 try:
-                    outcome = await _attempt(runtime, sub, speed=speed, sim=sim)
+                    outcome = await _attempt(runtime, sub, speed=speed, sim=sim, agent=agent,
+                                             write_bytes=workspace_write_bytes)
                 except (SandboxError, RecoveryError) as exc:
                     # a sandbox that would not start or was lost: a failed attempt, retried
                     logger.warning("workflow %s attempt %d: %s", sub.instance,
@@ -91,6 +165,8 @@ async def replay(
                     outcome = Outcome.SANDBOX_DIED
                 if outcome is None:
                     record.completed = True
+                    if done is not None:
+                        done.complete(record)
                     break
                 record.failed_attempts += 1
                 record.oom_events += outcome is Outcome.OOM_KILLED
@@ -113,19 +189,51 @@ async def replay(
     return records
 
 
-async def _attempt(runtime: Runtime, sub: Submission, *, speed: float,
-                   sim: bool) -> Outcome | None:
-    """One attempt of the whole workflow; None when it completed, else what failed it."""
+async def _claim_recovered(runtime: Runtime, submissions: Sequence[Submission],
+                           done: Journal | None) -> dict[str, Agent]:
+    """Recovered agents that can carry on their workflow, by workflow instance; the rest
+    (blocked, of a completed workflow, of no workflow in this replay) are discarded."""
+    pending = {s.instance for s in submissions
+               if done is None or s.instance not in done.completed}
+    claimed: dict[str, Agent] = {}
+    for agent in runtime.recovered.values():
+        name = agent.workflow
+        if name in pending and name not in claimed and not agent.failed:
+            claimed[name] = agent
+            if agent.interrupted is not None:
+                logger.info("workflow %s: action %s was interrupted; running it again",
+                            name, agent.interrupted.action_id)
+            continue
+        logger.info("discarding recovered agent %s (workflow %s%s)", agent.id, name,
+                    ", blocked" if agent.failed else "")
+        await agent.close()
+    return claimed
+
+
+async def _attempt(runtime: Runtime, sub: Submission, *, speed: float, sim: bool,
+                   agent: Agent | None = None, write_bytes: int = 0) -> Outcome | None:
+    """One attempt of the whole workflow; None when it completed, else what failed it.
+    A recovered `agent` carries on from its next step (no model wait before it: the model
+    answered before the crash)."""
     workflow = sub.workflow
-    agent = await runtime.create_agent(image=workflow.base_image, family=workflow.family,
-                                       task_prompt=workflow.task_prompt,
-                                       profile_peak_bytes=workflow.profiled_peak_bytes,
-                                       workflow=sub.instance, task=workflow.task)
+    first = 0
+    if agent is None:
+        agent = await runtime.create_agent(image=workflow.base_image, family=workflow.family,
+                                           task_prompt=workflow.task_prompt,
+                                           profile_peak_bytes=workflow.profiled_peak_bytes,
+                                           workflow=sub.instance, task=workflow.task)
+    else:
+        first = agent.num_actions_done
     try:
-        for step in workflow.steps:
-            await runtime.clock.sleep(step.model_wait_s / speed)
+        for number, step in enumerate(workflow.steps[first:], first + 1):
+            if number > first + 1 or first == 0:
+                await runtime.clock.sleep(step.model_wait_s / speed)
             action = step.action
-            result = await agent.run(action_command(action, speed=speed, sim=sim),
+            command = action_command(action, speed=speed, sim=sim)
+            if write_bytes > 0:
+                command = with_workspace_write(command, f"/workspace/step-{number:04d}.bin",
+                                               write_bytes)
+            result = await agent.run(command,
                                      timeout=action_timeout_s(action, speed),
                                      action_class=action.action_class,
                                      issued_command=action.command)

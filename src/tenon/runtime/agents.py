@@ -33,6 +33,7 @@ class AgentState:
     materialized: bool = False  # a first sandbox was made (there is a workspace and record)
     torn_down: bool = False  # the record is committed and no sandbox is live
     restartable: bool = False  # the last boundary's fail-closed check
+    restart_reason: str | None = None  # what that check said
     idle_bytes: int = 0  # what the sandbox held when its last action ended (idle: constant)
     busy: bool = False  # an action is between ready and done
     closed: bool = False

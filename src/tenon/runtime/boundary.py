@@ -240,7 +240,7 @@ class Boundary:
         """Action-done: check restart safety (fail closed), then retain or tear down."""
         rt = self._rt
         eligibility = check_restartable(sandbox, agent_has_logical_state=True)
-        state.restartable = eligibility.restartable
+        state.restartable, state.restart_reason = eligibility.restartable, eligibility.reason
         state.idle_bytes = last_usage
         pressure = rt.pressure_now()
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,

@@ -58,7 +58,8 @@ from tenon.runtime.agents import AgentState, Lifecycle, Waker
 from tenon.runtime.boundary import Boundary
 from tenon.runtime.events import EventLog
 from tenon.runtime.execution import ExecutionLoop, RunningAction
-from tenon.runtime.recovery import RecoveryStore
+from tenon.runtime.reconcile import LeftoverRemover, ReconcileReport, reconcile
+from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
 from tenon.runtime.residency import BlockingRunner, ResidencyManager
 from tenon.runtime.results import (
     ActionResult,
@@ -87,9 +88,13 @@ def meter_of(sandbox: Sandbox) -> SandboxMeter:
 class Agent:
     """A logical agent: its workspace and trajectory outlive any one physical sandbox."""
 
-    def __init__(self, runtime: Runtime, state: AgentState) -> None:
+    def __init__(self, runtime: Runtime, state: AgentState, *,
+                 interrupted: ActionResult | None = None) -> None:
         self._runtime = runtime
         self._state = state
+        self.interrupted = interrupted
+        """After a controller restart: the action the crash cut short (`Outcome.INTERRUPTED`),
+        which the caller may run again; None otherwise."""
 
     @property
     def id(self) -> str:
@@ -102,6 +107,15 @@ class Agent:
     @property
     def history(self) -> tuple[MeasuredAction, ...]:
         return tuple(self._state.history)
+
+    @property
+    def workflow(self) -> str | None:
+        return self._state.workflow
+
+    @property
+    def num_actions_done(self) -> int:
+        """Actions run to their end, over every controller this agent lived under."""
+        return self._runtime.num_actions_before(self.id) + len(self._state.history)
 
     async def run(
         self,
@@ -146,6 +160,7 @@ class Runtime:
         keep_events: bool = False,
         blocking: BlockingRunner = asyncio.to_thread,
         backend_config: Mapping[str, Any] | None = None,
+        lifecycle_events: bool = False,
         workspace_limits: DiskLimits | None = None,
     ) -> None:
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
@@ -171,8 +186,13 @@ class Runtime:
         # With limits, each agent's persistent root is its own ext4 image (host.diskfs).
         self.workspaces = WorkspaceStore(state_dir, limits=workspace_limits)
         self.residency = ResidencyManager(
-            backend, self.workspaces, self._recovery, self.clock, blocking=blocking
+            backend, self.workspaces, self._recovery, self.clock, blocking=blocking,
+            faults=self._lifecycle_step if lifecycle_events else None,
         )
+        self.recovered: dict[str, Agent] = {}  # agents restored by `recover()`, by id
+        self.last_reconcile: ReconcileReport | None = None
+        self._actions_before: dict[str, int] = {}  # recovered agents' completed actions
+        self._blocked: set[str] = set()  # recovered blocked agents: close() keeps their records
         budget = domain.budget_bytes
         self.admission = (
             AdmissionController(self.config, self.config.window_bytes(budget or (1 << 40)))
@@ -229,6 +249,8 @@ class Runtime:
                 await self._loop_task
         self.execution.release_all(self.actions.values())
         for state in list(self.agents.values()):
+            if state.agent_id in self._blocked and not state.busy:
+                continue  # its record waits for `tenon agents unblock` or `discard`
             with contextlib.suppress(Exception):
                 await self.close_agent(state)
         await self.residency.reap()
@@ -260,7 +282,10 @@ class Runtime:
         they fall back to the family)."""
         if self._closed:
             raise AgentClosed("the runtime is closed")
-        agent_id = agent_id or f"agent-{next(self._ids):05d}"
+        if agent_id is None:  # skip ids of agents recovered from an earlier controller
+            agent_id = f"agent-{next(self._ids):05d}"
+            while agent_id in self.agents or self._recovery.get(agent_id) is not None:
+                agent_id = f"agent-{next(self._ids):05d}"
         if agent_id in self.agents:
             raise ConfigError(f"agent {agent_id!r} already exists")
         self.workflows.check(profile_peak_bytes)
@@ -341,7 +366,8 @@ class Runtime:
                                 len(state.history), state.family, state.task_prompt,
                                 tuple(state.history), state.task)
         prediction = self.predictor.predict(context)
-        action_id = f"{state.agent_id}-a{len(state.history) + 1:04d}"
+        number = self.num_actions_before(state.agent_id) + len(state.history) + 1
+        action_id = f"{state.agent_id}-a{number:04d}"
         action = RunningAction(action_id, state.agent_id, prediction, 0, ready_at,
                                profiled_peak_bytes=(state.profile_peak_bytes
                                                     if state.agentcgroup_class is not None
@@ -361,6 +387,8 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     await state.lifecycle
             sandbox = await self.boundary.ensure_sandbox(state, self._backend_config)
+            self._recovery.note_action_start(state.agent_id, action_id,
+                                             agent_meta=_agent_meta(state))
             return await self._execute(state, action, sandbox, command, context, timeout_s,
                                        max_output_bytes, max(waited_s, 0.0))
         finally:
@@ -463,6 +491,14 @@ class Runtime:
                              sandbox_id=action.gate_id, num_kills=oom_kills)
         if not outcome.fails_attempt and self.spec.use_residency:
             self.boundary.after_action(state, sandbox, last_usage=idle_bytes)
+        if not outcome.fails_attempt:
+            # before any teardown of this boundary runs: a crash later restores by it
+            checked = self.spec.use_residency
+            self._recovery.note_action_done(
+                state.agent_id,
+                boundary=("unchecked" if not checked else
+                          "restartable" if state.restartable else "resident_only"),
+                reason=state.restart_reason if checked else None)
         return ActionResult(
             action.action_id, state.agent_id, outcome,
             -9 if result is None else result.exit_code,
@@ -568,29 +604,82 @@ class Runtime:
 
     # -- restart ---------------------------------------------------------------------
 
-    def recover(self) -> list[Agent]:
-        """After a controller restart: an `Agent` for every record in the state directory.
+    def recover(self, remove_leftovers: LeftoverRemover | None = None) -> list[Agent]:
+        """After a controller restart: reconcile the state directory with what exists (see
+        `runtime.reconcile`; `remove_leftovers` removes the dead controller's sandboxes),
+        then an `Agent` for every record, also kept in `recovered`.
 
         Nothing is rebuilt eagerly; each agent's next action rebuilds its sandbox from the
         committed record (or blocks with RecoveryError if the workspace no longer matches).
+        A blocked agent refuses actions (`WorkflowFailed`) until `tenon agents unblock`. An
+        action in flight at the crash is on the agent's `interrupted` and in the event log.
         """
+        report = reconcile(self._recovery, self.workspaces, remove_leftovers=remove_leftovers)
+        self.last_reconcile = report
+        self.events.emit("reconcile", **report.as_event())
         agents = []
         for record in self.residency.recover_all():
             if record.agent_id in self.agents:
                 continue
-            state = AgentState(record.agent_id, record.base_image, None, None, None,
-                               created_at=self.clock.now())
-            state.materialized, state.torn_down = True, True
-            self.agents[record.agent_id] = state
-            agents.append(Agent(self, state))
+            state = self._restored_state(record)
+            interrupted = None
+            if record.interrupted is not None:
+                interrupted = _interrupted_result(record.agent_id, record.interrupted)
+                self.events.emit("action_interrupted", action_id=record.interrupted,
+                                 agent_id=record.agent_id, outcome=Outcome.INTERRUPTED.value)
+            agent = Agent(self, state, interrupted=interrupted)
+            self.recovered[agent.id] = agent
+            agents.append(agent)
             self.events.emit("agent_recovered", agent_id=record.agent_id,
-                             generation=record.generation, state=record.state)
+                             generation=record.generation, state=record.state,
+                             workflow=state.workflow, num_actions=record.num_actions,
+                             reason=record.reason)
         return agents
+
+    def _restored_state(self, record: RecoveryRecord) -> AgentState:
+        meta = record.agent_meta
+        peak = meta.get("profile_peak_bytes")
+        state = AgentState(record.agent_id, record.base_image, meta.get("family"), None,
+                           peak if isinstance(peak, int) else None,
+                           created_at=self.clock.now(), workflow=meta.get("workflow"),
+                           task=meta.get("task"))
+        state.materialized, state.torn_down = True, True
+        if record.state == "blocked":
+            state.failed_reason = f"blocked: {record.reason}"
+            self._blocked.add(record.agent_id)
+        if self.spec.kind is PolicyKind.AGENTCGROUP and state.profile_peak_bytes is not None:
+            state.agentcgroup_class = agentcgroup_class(
+                state.profile_peak_bytes, self.domain.budget_bytes or 0, self.config)
+        self._actions_before[record.agent_id] = record.num_actions
+        self.agents[record.agent_id] = state
+        self.workflows.adopt(record.agent_id, state.profile_peak_bytes or 0)
+        return state
+
+    def num_actions_before(self, agent_id: str) -> int:
+        """Actions a recovered agent completed under earlier controllers (0 for new ones)."""
+        return self._actions_before.get(agent_id, 0)
+
+    def _lifecycle_step(self, step: str, agent_id: str) -> None:
+        """Each teardown and rebuild step as it starts (`lifecycle_events`): where a crash
+        landed can be read off the event log."""
+        self.events.emit("lifecycle_step", step=step, agent_id=agent_id)
 
     @property
     def pressure_level(self) -> Pressure | None:
         last = self.execution.last_pressure
         return None if last is None else last.level
+
+
+def _agent_meta(state: AgentState) -> dict[str, Any]:
+    """What a restarted controller needs to know about the agent besides its sandbox."""
+    return {"workflow": state.workflow, "family": state.family, "task": state.task,
+            "profile_peak_bytes": state.profile_peak_bytes}
+
+
+def _interrupted_result(agent_id: str, action_id: str) -> ActionResult:
+    return ActionResult(action_id, agent_id, Outcome.INTERRUPTED, -9,
+                        "interrupted: the controller stopped during this action", False,
+                        0.0, 0.0, 0, 0, 0, 0, 0, "")
 
 
 __all__ = ["Agent", "AdmitDecision", "RecoveryError", "Runtime", "meter_of"]

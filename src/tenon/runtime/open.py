@@ -1,10 +1,10 @@
-"""Open a runtime on a real backend: a fresh workload domain, the backend, cleanup on exit."""
+"""Open a runtime on a real backend over a state directory: lock it, reopen its workload
+domain, reconcile what a dead controller left, restore its agents; clean up on exit."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +12,24 @@ from typing import Any
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
 from tenon.runtime.controller import Runtime
+from tenon.runtime.statedir import DEFAULT_STATE_DIR, EVENTS_FILE, locked
+from tenon.runtime.statedir import domain_name as domain_name_of
 from tenon.sandbox.registry import make_backend
 
 logger = logging.getLogger(__name__)
+
+
+def leftover_remover(domain: WorkloadDomain, backend: str) -> list[str]:
+    """Kill and remove every sandbox of `domain`: its containers (Docker), then every cgroup
+    below it. Called before any agent runs, so none of them is this controller's."""
+    removed: list[str] = []
+    if backend == "docker":
+        from tenon.sandbox.docker import cleanup_domain_containers, connect
+
+        num = cleanup_domain_containers(connect(), domain.name)
+        removed += [f"container:{i}" for i in range(num)]
+    removed += [f"cgroup:{rel}" for rel in domain.remove_children()]
+    return removed
 
 
 @contextlib.asynccontextmanager
@@ -22,41 +37,47 @@ async def open_runtime(
     *,
     budget_bytes: int,
     backend: str = "process",
-    state_dir: Path = Path("/var/lib/tenon"),
+    state_dir: Path = DEFAULT_STATE_DIR,
     run_dir: Path | None = None,
     domain_name: str | None = None,
     **runtime_kwargs: Any,
 ) -> AsyncIterator[Runtime]:
-    """A started `Runtime` in its own domain `tenon-<id>` with `budget_bytes` as its limit.
+    """A started, recovered `Runtime` over one state directory, `budget_bytes` its limit.
 
-    `run_dir` holds the run's records, workspaces and event log (`events.jsonl`); by default a
-    fresh directory under `state_dir/runs`. On exit every sandbox is destroyed and the domain
-    (and, for Docker, the parent cgroups its driver made) removed, also on error or Ctrl-C.
+    The runtime's state directory (`runtime.statedir` describes its layout) is `run_dir`
+    when given (the bench gives each run its own), else `state_dir`; `state_dir` also holds
+    the base images. It is locked for the runtime's lifetime (a second controller gets
+    StateDirBusy) and names the workload domain, created on first use; a restart reopens
+    that domain, removes what the dead controller left there and restores its agents
+    (`Runtime.recovered`). On exit every open workflow ends, its sandbox is destroyed and the
+    domain removed, also on error or Ctrl-C; blocked agents keep their records.
     """
-    name = domain_name or f"tenon-{uuid.uuid4().hex[:8]}"
-    run_dir = run_dir or state_dir / "runs" / name
-    domain = WorkloadDomain.open(name, budget_bytes=budget_bytes)
-    try:
-        impl = make_backend(backend, domain, state_dir)
-        runtime_kwargs.setdefault("event_log", run_dir / "events.jsonl")
-        # each agent's persistent root is its own size-limited filesystem
-        runtime_kwargs.setdefault("workspace_limits", DiskLimits())
-        runtime = Runtime(domain=domain, backend=impl, state_dir=run_dir, **runtime_kwargs)
+    home = run_dir or state_dir
+    with locked(home):
+        name = domain_name_of(home, domain_name)
+        domain = WorkloadDomain.open(name, budget_bytes=budget_bytes)
         try:
-            await runtime.start()
-            yield runtime
+            impl = make_backend(backend, domain, state_dir)
+            runtime_kwargs.setdefault("event_log", home / EVENTS_FILE)
+            # each agent's persistent root is its own size-limited filesystem
+            runtime_kwargs.setdefault("workspace_limits", DiskLimits())
+            runtime = Runtime(domain=domain, backend=impl, state_dir=home, **runtime_kwargs)
+            try:
+                await runtime.start()
+                runtime.recover(lambda: leftover_remover(domain, backend))
+                yield runtime
+            finally:
+                await runtime.close()
         finally:
-            await runtime.close()
-    finally:
-        try:
-            if backend == "docker":
-                from tenon.sandbox.docker import cleanup_domain_containers, connect
+            try:
+                if backend == "docker":
+                    from tenon.sandbox.docker import cleanup_domain_containers, connect
 
-                with contextlib.suppress(Exception):
-                    cleanup_domain_containers(connect(), name)
-            domain.remove()
-        finally:
-            if backend == "docker":
-                from tenon.sandbox.docker import remove_parent_cgroups
+                    with contextlib.suppress(Exception):
+                        cleanup_domain_containers(connect(), name)
+                domain.remove()
+            finally:
+                if backend == "docker":
+                    from tenon.sandbox.docker import remove_parent_cgroups
 
-                remove_parent_cgroups(name)
+                    remove_parent_cgroups(name)

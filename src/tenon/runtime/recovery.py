@@ -6,6 +6,11 @@ workspace manifest digest, base image, backend name and backend config. Teardown
 commits the record *before* destroying anything, so after a crash either the sandbox
 is alive or the record describes how to rebuild it.
 
+Actions leave marks too, so a restart knows what the dead controller was doing: the action
+in flight (set at its start, cleared at its end), and at each action's end what the
+restart-safe check said about that boundary. A sandbox lost while resident is rebuilt from
+its persistent root only if its last boundary was restartable; otherwise it blocks.
+
 The database runs in WAL mode with synchronous=FULL: a commit returns only after the
 WAL is fsynced, so a committed teardown survives power loss. Every write is one
 `BEGIN IMMEDIATE` transaction.
@@ -44,10 +49,26 @@ CREATE TABLE IF NOT EXISTS records (
     updated_at REAL NOT NULL
 )
 """
-_COLUMNS = (
+_BASE_COLUMNS = (
     "agent_id, generation, manifest_digest, manifest_json, base_image, backend, "
     "backend_config_json, state, reason, updated_at"
 )
+# Columns a database written by an older Tenon may lack, with their declarations: they are
+# added on open (ALTER TABLE ... ADD COLUMN keeps every row).
+_ADDED_COLUMNS = (
+    ("agent_json", "TEXT"),  # what the caller said about the agent (workflow, task, ...)
+    ("num_actions", "INTEGER NOT NULL DEFAULT 0"),  # actions completed
+    ("num_restartable", "INTEGER NOT NULL DEFAULT 0"),  # of those, restartable boundaries
+    ("last_boundary", "TEXT"),  # None before the first action ends, else BOUNDARIES
+    ("last_boundary_reason", "TEXT"),
+    ("in_flight", "TEXT"),  # the action id between its start and its end
+    ("interrupted", "TEXT"),  # an action cut short by a controller crash, until the next
+    ("committed_at", "REAL"),  # wall-clock time of the last committed teardown
+)
+_COLUMNS = _BASE_COLUMNS + ", " + ", ".join(name for name, _ in _ADDED_COLUMNS)
+# What the restart-safe check said at an action's end: `unchecked` when the policy keeps
+# every sandbox resident and never asks.
+BOUNDARIES = ("restartable", "resident_only", "unchecked")
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,14 @@ class RecoveryRecord:
     reason: str | None = None  # why the agent is blocked
     updated_at: float = 0.0  # wall-clock seconds (persisted across restarts)
     manifest: Manifest | None = None  # the manifest behind the digest, when stored
+    agent_meta: Mapping[str, Any] = field(default_factory=dict)
+    num_actions: int = 0  # actions completed, over every generation
+    num_restartable: int = 0  # boundaries the restart-safe check found restartable
+    last_boundary: str | None = None  # one of BOUNDARIES; None before the first action ends
+    last_boundary_reason: str | None = None
+    in_flight: str | None = None  # the action running when the record was last written
+    interrupted: str | None = None  # an action a controller crash cut short
+    committed_at: float | None = None  # when the last teardown was committed (wall clock)
 
 
 def _encode_config(config: Mapping[str, Any]) -> str:
@@ -88,6 +117,10 @@ class RecoveryStore:
                 raise RecoveryError(f"{self._path}: SQLite refused WAL mode (got {mode!r})")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute(_SCHEMA)
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(records)")}
+            for name, declaration in _ADDED_COLUMNS:
+                if name not in present:
+                    self._db.execute(f"ALTER TABLE records ADD COLUMN {name} {declaration}")
         except sqlite3.Error as exc:
             raise RecoveryError(f"cannot open recovery store {self._path}: {exc}") from exc
 
@@ -128,7 +161,7 @@ class RecoveryStore:
         config_json = _encode_config(config or {})
         with self._transaction() as db:
             db.execute(
-                f"INSERT INTO records ({_COLUMNS}) VALUES (?, 1, NULL, NULL, ?, ?, ?, "
+                f"INSERT INTO records ({_BASE_COLUMNS}) VALUES (?, 1, NULL, NULL, ?, ?, ?, "
                 "'resident', NULL, ?) ON CONFLICT(agent_id) DO NOTHING",
                 (agent_id, image, backend, config_json, self._wall_clock()),
             )
@@ -153,6 +186,7 @@ class RecoveryStore:
             )
         config_json = _encode_config(config or {})
         manifest_json = manifest.to_json() if manifest is not None else None
+        now = self._wall_clock()
         with self._transaction() as db:
             row = db.execute(
                 "SELECT generation FROM records WHERE agent_id = ?", (agent_id,)
@@ -163,12 +197,13 @@ class RecoveryStore:
                     f"{generation} over committed generation {row[0]}"
                 )
             db.execute(
-                f"INSERT INTO records ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 'torn_down', "
-                "NULL, ?) ON CONFLICT(agent_id) DO UPDATE SET generation=excluded.generation, "
+                f"INSERT INTO records ({_BASE_COLUMNS}, committed_at) VALUES (?, ?, ?, ?, ?, ?, "
+                "?, 'torn_down', NULL, ?, ?) "
+                "ON CONFLICT(agent_id) DO UPDATE SET generation=excluded.generation, "
                 "manifest_digest=excluded.manifest_digest, manifest_json=excluded.manifest_json, "
                 "base_image=excluded.base_image, backend=excluded.backend, "
                 "backend_config_json=excluded.backend_config_json, state='torn_down', "
-                "reason=NULL, updated_at=excluded.updated_at",
+                "reason=NULL, updated_at=excluded.updated_at, committed_at=excluded.updated_at",
                 (
                     agent_id,
                     generation,
@@ -177,7 +212,8 @@ class RecoveryStore:
                     image,
                     backend,
                     config_json,
-                    self._wall_clock(),
+                    now,
+                    now,
                 ),
             )
         logger.info(
@@ -221,6 +257,66 @@ class RecoveryStore:
         logger.warning("agent %s blocked: %s", agent_id, reason)
         return self._require(agent_id)
 
+    def note_action_start(
+        self, agent_id: str, action_id: str, *, agent_meta: Mapping[str, Any] | None = None
+    ) -> None:
+        """Durably mark `action_id` in flight (a crash from here on interrupts it) and clear
+        the report of an earlier interrupted action, which the caller has seen by now."""
+        meta_json = None if agent_meta is None else _encode_config(agent_meta)
+        self._update(
+            agent_id,
+            "in_flight = ?, interrupted = NULL, agent_json = COALESCE(?, agent_json)",
+            (action_id, meta_json),
+        )
+
+    def note_action_done(self, agent_id: str, *, boundary: str, reason: str | None) -> None:
+        """The action in flight ended at a boundary the restart-safe check called `boundary`
+        (one of BOUNDARIES); written before any teardown of that boundary can start."""
+        if boundary not in BOUNDARIES:
+            raise RecoveryError(f"boundary must be one of {BOUNDARIES}, got {boundary!r}")
+        self._update(
+            agent_id,
+            "in_flight = NULL, num_actions = num_actions + 1, "
+            "num_restartable = num_restartable + ?, last_boundary = ?, "
+            "last_boundary_reason = ?",
+            (int(boundary == "restartable"), boundary, reason),
+        )
+
+    def mark_interrupted(self, agent_id: str) -> str | None:
+        """After a crash: the action that was in flight becomes the interrupted one (kept
+        until the agent's next action starts). Returns its id, or the one already
+        reported as interrupted, or None."""
+        self._update(
+            agent_id,
+            "interrupted = COALESCE(in_flight, interrupted), in_flight = NULL",
+            (),
+        )
+        return self._require(agent_id).interrupted
+
+    def unblock(self, agent_id: str) -> RecoveryRecord:
+        """A blocked agent whose committed record still describes its workspace goes back
+        to torn down: its next action rebuilds it from that record."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE records SET state = 'torn_down', reason = NULL, updated_at = ? "
+                "WHERE agent_id = ? AND state = 'blocked' AND manifest_digest IS NOT NULL",
+                (self._wall_clock(), agent_id),
+            )
+            if cursor.rowcount != 1:
+                raise RecoveryError(
+                    f"agent {agent_id} is not blocked with a committed manifest"
+                )
+        return self._require(agent_id)
+
+    def _update(self, agent_id: str, assignments: str, params: tuple[Any, ...]) -> None:
+        with self._transaction() as db:
+            cursor = db.execute(
+                f"UPDATE records SET {assignments}, updated_at = ? WHERE agent_id = ?",
+                (*params, self._wall_clock(), agent_id),
+            )
+            if cursor.rowcount != 1:
+                raise RecoveryError(f"agent {agent_id} has no recovery record")
+
     def delete(self, agent_id: str) -> None:
         """Forget the agent (its workflow finished)."""
         with self._transaction() as db:
@@ -261,9 +357,18 @@ class RecoveryStore:
             state,
             reason,
             updated_at,
+            agent_json,
+            num_actions,
+            num_restartable,
+            last_boundary,
+            last_boundary_reason,
+            in_flight,
+            interrupted,
+            committed_at,
         ) = row
         try:
             config = json.loads(config_json)
+            meta = json.loads(agent_json) if agent_json else {}
             manifest = Manifest.from_json(manifest_json) if manifest_json else None
         except (ValueError, OSError) as exc:
             raise RecoveryError(f"agent {agent_id}: corrupt recovery record: {exc}") from exc
@@ -280,4 +385,12 @@ class RecoveryStore:
             reason=reason,
             updated_at=updated_at,
             manifest=manifest,
+            agent_meta=meta,
+            num_actions=num_actions,
+            num_restartable=num_restartable,
+            last_boundary=last_boundary,
+            last_boundary_reason=last_boundary_reason,
+            in_flight=in_flight,
+            interrupted=interrupted,
+            committed_at=committed_at,
         )

@@ -9,13 +9,18 @@ from tenon.errors import TenonError
 
 
 class Outcome(enum.Enum):
-    """How an action ended. Only OOM_KILLED and SANDBOX_DIED fail the workflow attempt."""
+    """How an action ended. Only OOM_KILLED and SANDBOX_DIED fail the workflow attempt.
+
+    INTERRUPTED does not fail it either: the agent was restored from its record and the
+    caller decides whether to run the interrupted action again (its effects on the
+    persistent root, if any, are kept as they were on disk)."""
 
     OK = "ok"  # exit code 0
     ERROR = "error"  # the command exited non-zero (the agent sees it; nothing failed)
     TIMEOUT = "timeout"  # ran past its timeout; its process tree was killed
     OOM_KILLED = "oom_killed"  # the kernel's OOM killer hit the sandbox during the action
     SANDBOX_DIED = "sandbox_died"  # the sandbox itself was lost
+    INTERRUPTED = "interrupted"  # the controller stopped mid-action; reported after restart
 
     @property
     def fails_attempt(self) -> bool:

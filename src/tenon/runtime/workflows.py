@@ -66,6 +66,10 @@ class WorkflowGate:
                 self.leave(request.workflow_id)  # admitted just as the caller gave up
             raise
 
+    def adopt(self, workflow_id: str, profiled_peak_bytes: int) -> None:
+        """Count a workflow that was running before a controller restart, without a wait."""
+        self._running[workflow_id] = max(profiled_peak_bytes, 0)
+
     def leave(self, workflow_id: str) -> None:
         """The workflow ended (completed, failed or abandoned): its place goes to the next."""
         self._running.pop(workflow_id, None)
