@@ -11,8 +11,9 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markdown import Markdown
@@ -20,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tenon.cli.errors import (
     describe_validation,
+    fail,
     parse_positive_float,
     require_writable_dir,
     require_writable_file,
@@ -250,3 +252,57 @@ def _run_one(console: Console, config: BenchConfig) -> dict[str, Any]:
     console.print(f"{time.monotonic() - start:.0f} s; wrote " +
                   ", ".join(str(p) for p in written))
     return summary
+
+
+def faults_cmd(
+    trace: Annotated[Path, typer.Option(help="Trace to replay (tenon-trace JSONL).")],
+    budget: Annotated[str, typer.Option(help="Memory budget of the workload domain.")] = "2GiB",
+    kills: Annotated[int, typer.Option(help="SIGKILLs of the controller.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seeds kill delays and the phase order.")] = 1,
+    speed: Annotated[float, typer.Option(help="Divides model waits and durations.")] = 10.0,
+    workflows: Annotated[int, typer.Option(help="Workflows replayed.")] = 12,
+    qps: Annotated[float, typer.Option(help="Submission rate of the burst.")] = 2.0,
+    out: Annotated[Path | None, typer.Option(help="Campaign directory (fresh).")] = None,
+    state_dir: Annotated[Path, typer.Option(help="Where the base images are.")] = Path(
+        "/var/lib/tenon"),
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Also write the compact summary here.")] = None,
+) -> None:
+    """SIGKILL the controller at random points of a real replay (process backend), restart
+    it each time, and check every workflow completes, no committed byte is lost and nothing
+    is left on the host."""
+    from tenon.replay.faults import FaultConfig, compact_summary, run_campaign
+
+    console = Console()
+    try:
+        out_dir = out or Path("bench/runs") / time.strftime("faults-%Y%m%d-%H%M%S")
+        config = FaultConfig(trace=trace, budget_bytes=parse_size(budget, what="--budget"),
+                             num_kills=kills, seed=seed, speed=speed,
+                             num_workflows=workflows, qps=qps, out_dir=out_dir,
+                             state_dir=state_dir)
+        if json_path is not None:
+            require_writable_file(json_path, what="--json")
+        console.print(f"[bold]fault campaign[/bold]: {kills} SIGKILLs of the controller "
+                      f"replaying {workflows} workflows of {trace} -> {out_dir}")
+        summary = run_campaign(config)
+    except ValidationError as exc:
+        fail(exc, {"budget_bytes": "--budget", "num_kills": "--kills",
+                   "num_workflows": "--workflows"})
+    except ConfigError as exc:
+        fail(exc)
+    compact = compact_summary(summary)
+    if json_path is not None:
+        write_text(json_path, json.dumps(compact, indent=2) + "\n", what="--json")
+    leftover = compact["leftover"]
+    console.print(
+        f"{compact['num_kills']} kills landed in " +
+        ", ".join(f"{phase} {n}" for phase, n in compact["landed"].items()) +
+        f"; workflows completed {compact['completed']}/{compact['workflows']}; committed "
+        f"bytes lost {compact['committed_bytes_lost']} of {compact['committed_bytes_checked']} "
+        f"checked; digest mismatches {compact['digest_mismatches']}; left: "
+        f"{len(leftover['cgroups'])} cgroups, {leftover['containers']} containers, "
+        f"{len(leftover['mounts'])} mounts, {len(leftover['processes'])} processes; "
+        f"{compact['wall_s']} s")
+    if not compact["passed"]:
+        console.print("[red]the campaign failed a check[/red]")
+        raise typer.Exit(1)

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
+from tenon.cli.agents import agents_app
+from tenon.cli.bench import faults_cmd
 from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
 from tenon.cli.predict import predict_app
 from tenon.errors import ConfigError, TenonError
@@ -30,6 +32,8 @@ app.add_typer(bench_app, name="bench")
 import_app = typer.Typer(no_args_is_help=True, help="Build traces from real agent logs.")
 app.add_typer(import_app, name="import")
 app.add_typer(predict_app, name="predict")
+app.add_typer(agents_app, name="agents")
+bench_app.command("faults")(faults_cmd)
 
 console = Console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")

@@ -350,6 +350,23 @@ def _summarize(config: FaultConfig, kills: list[dict[str, Any]], exit_code: int,
     }
 
 
+def compact_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary to keep with results: each kill's target, landing and uptime, no ids;
+    `passed` when every check holds."""
+    out = {k: v for k, v in summary.items() if k not in ("kills", "config")}
+    out["config"] = {k: v for k, v in summary["config"].items()
+                     if k not in ("out_dir", "state_dir")}
+    out["kills"] = [{k: kill[k] for k in ("kill", "target", "landed", "uptime_s",
+                                          "committed_bytes", "bytes_lost")}
+                    for kill in summary["kills"]]
+    left = summary["leftover"]
+    out["passed"] = bool(
+        summary["all_completed"] and summary["committed_bytes_lost"] == 0
+        and summary["digest_mismatches"] == 0 and not left["cgroups"]
+        and not left["containers"] and not left["mounts"] and not left["processes"])
+    return out
+
+
 def main(argv: list[str]) -> int:
     """The child's entry point: `python -m tenon.replay.faults CONFIG_JSON`."""
     if len(argv) != 2:
