@@ -20,7 +20,7 @@ def make_sandbox(
     backend = FakeBackend(fail_on=fail_on)
     sandbox = FakeSandbox(SandboxSpec("s1", "img", Path("/nonexistent")), backend)
     sandbox.leftover_processes = processes or []
-    sandbox.changed_paths = changed
+    sandbox.leftovers = changed
     return sandbox
 
 
@@ -45,19 +45,19 @@ def test_many_leftovers_are_elided() -> None:
     assert "and 3 more" in result.reason
 
 
-def test_changed_paths_outside_workspace_are_resident_only() -> None:
+def test_leftover_state_is_resident_only() -> None:
     result = check_restartable(make_sandbox(changed=["/etc/hosts", "/usr/lib/x.so"]), True)
     assert result.resident_only
     assert "/etc/hosts" in result.reason
 
 
-def test_unknown_changed_paths_are_resident_only() -> None:
+def test_unknown_leftover_state_is_resident_only() -> None:
     result = check_restartable(make_sandbox(changed=None), True)
     assert result.resident_only
     assert "cannot be ruled out" in result.reason
 
 
-@pytest.mark.parametrize("point", ["processes", "changed_paths"])
+@pytest.mark.parametrize("point", ["processes", "leftover_state"])
 def test_error_while_checking_is_resident_only(point: str) -> None:
     result = check_restartable(make_sandbox(changed=[], fail_on=(point,)), True)
     assert result.resident_only

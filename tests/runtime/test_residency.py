@@ -260,10 +260,10 @@ async def test_leftover_background_process_keeps_resident(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("changed", [["/etc/passwd"], None])
-async def test_changed_paths_keep_resident(tmp_path: Path, changed: list[str] | None) -> None:
+async def test_leftover_state_keeps_resident(tmp_path: Path, changed: list[str] | None) -> None:
     rt = make_runtime(tmp_path)
     old = await started(rt)
-    old.changed_paths = changed
+    old.leftovers = changed
     result = await rt.manager.teardown("agent-1")
     assert result.outcome == "kept_resident"
     assert not old.destroyed

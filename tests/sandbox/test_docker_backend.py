@@ -207,13 +207,13 @@ async def test_diff_catches_etc_but_not_workspace_or_tmp(env):
     sandbox = await backend.materialize(make_spec(workspace))
     await sandbox.exec("echo a > /workspace/a; mkdir /tmp/d; echo b > /tmp/d/b", timeout_s=10)
     start = time.monotonic()
-    assert sandbox.changed_paths_outside_workspace() == []
+    assert sandbox.leftover_state() == []
     assert time.monotonic() - start < 0.3
     result = await sandbox.exec("echo x > /etc/tenon-marker", timeout_s=10)
     assert result.exit_code == 0, result.output
-    assert "/etc/tenon-marker" in sandbox.changed_paths_outside_workspace()
+    assert "/etc/tenon-marker" in sandbox.leftover_state()
     await sandbox.exec("rm /etc/issue; echo y > /usr/sbin/tenon-next", timeout_s=10)
-    changed = sandbox.changed_paths_outside_workspace()
+    changed = sandbox.leftover_state()
     assert "/etc/issue" in changed  # deleting an image file leaves a whiteout
     assert "/usr/sbin/tenon-next" in changed  # beside the docker-init mount point
     await sandbox.destroy()

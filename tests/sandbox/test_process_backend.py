@@ -217,9 +217,9 @@ async def test_writes_only_to_the_persistent_directories(sandbox):
     assert (root / "workspace" / "w.txt").read_text() == "hi\n"
     assert (root / "tmp" / "t").read_text() == "data\n"  # /tmp persists with the agent
     assert (root / "home" / "h").read_text() == "home\n"  # and so does HOME
-    assert sandbox.changed_paths_outside_workspace() == []
+    assert sandbox.leftover_state() == []
     await run(sandbox, "echo x > /dev/shm/seg")
-    assert sandbox.changed_paths_outside_workspace() == ["/dev/shm/seg"]
+    assert sandbox.leftover_state() == ["/dev/shm/seg"]
 
 
 async def test_no_capabilities(sandbox):

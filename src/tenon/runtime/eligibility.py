@@ -1,10 +1,12 @@
 """The fail-closed restart-safe check made at an action boundary.
 
-A boundary is restartable only when nothing but the workspace carries state across
-actions: no process is left in the sandbox besides the backend's init, nothing was
-written outside /workspace and /tmp (or it cannot be known), and the controller holds
-the agent's logical state. Any other answer, an unknown answer, or an error while asking
-makes the boundary resident_only. The caller guarantees no action is in flight.
+A boundary is restartable only when nothing but the persistent directories (/workspace,
+HOME, /tmp) carries state across actions: no process is left in the sandbox besides the
+backend's init, no other state a later action could observe remains (files written
+elsewhere, /dev/shm files, SysV or POSIX IPC objects, listening sockets; or it cannot be
+known), and the controller holds the agent's logical state. Any other answer, an unknown
+answer, or an error while asking makes the boundary resident_only. The caller guarantees
+no action is in flight.
 """
 
 from __future__ import annotations
@@ -60,15 +62,16 @@ def check_restartable(sandbox: Sandbox, agent_has_logical_state: bool) -> Eligib
                 f"{len(procs)} process(es) left in the sandbox: "
                 f"{_name_some([_describe(p) for p in procs])}"
             )
-        changed = sandbox.changed_paths_outside_workspace()
-        if changed is None:
-            return _resident_only("writes outside the workspace cannot be ruled out")
-        if changed:
+        leftovers = sandbox.leftover_state()
+        if leftovers is None:
+            return _resident_only("state left outside the persistent directories "
+                                  "cannot be ruled out")
+        if leftovers:
             return _resident_only(
-                f"{len(changed)} path(s) changed outside the workspace: "
-                f"{_name_some([str(p) for p in changed])}"
+                f"{len(leftovers)} piece(s) of state left outside the persistent "
+                f"directories: {_name_some([str(p) for p in leftovers])}"
             )
     except Exception as exc:  # fail closed: whatever went wrong, keep the sandbox
         logger.warning("restart-safe check of %s failed: %r", sandbox_id, exc)
         return _resident_only(f"the restart-safe check failed: {exc!r}")
-    return Eligibility(restartable=True, reason="restartable: no leftover processes or writes")
+    return Eligibility(restartable=True, reason="restartable: no leftover processes or state")

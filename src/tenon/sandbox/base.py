@@ -141,9 +141,10 @@ class Sandbox(Protocol):
         """Processes alive in the sandbox other than the backend's own init."""
         ...
 
-    def changed_paths_outside_workspace(self) -> list[str] | None:
-        """Paths written outside the persistent and disposable directories; None when it
-        cannot be known."""
+    def leftover_state(self) -> list[str] | None:
+        """State outside the persistent and disposable directories that a later action could
+        observe (files written elsewhere, /dev/shm files, SysV and POSIX IPC objects,
+        listening sockets), each named in one string; None when it cannot be known."""
         ...
 
     async def destroy(self) -> None:

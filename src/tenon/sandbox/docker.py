@@ -40,6 +40,7 @@ from tenon.errors import (
     SandboxError,
     SandboxFrozen,
 )
+from tenon.host import nsinspect
 from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 
@@ -56,6 +57,13 @@ WORKSPACE = PERSISTENT_MOUNTS["workspace"]
 # Mount points runc creates in the writable layer; they and their parent dirs are no action's.
 _MOUNT_POINTS = (*PERSISTENT_MOUNTS.values(), "/sbin/docker-init", "/usr/sbin/docker-init")
 _READY_TIMEOUT_S = 10.0
+# Writable mounts besides the persistent and disposable ones. `nsinspect` lists what is in
+# these two; the others cannot carry an action's state: /dev and /sys/fs/cgroup are tmpfs
+# that only root may write (checked each time: the sandbox's uid is not root and holds no
+# capability), /dev/pts holds the ptys of live processes only, /proc is not files.
+_INSPECTED_MOUNTS = ("/dev/shm", "/dev/mqueue")
+_ROOT_ONLY_MOUNTS = ("/dev", "/sys/fs/cgroup")
+_STATELESS_MOUNTS = ("/proc", "/dev/pts")
 # Docker keeps stdout and stderr as two pipes, so their relative order would be lost;
 # one pipe for both keeps the interleaving. The action is still exactly `sh -c command`.
 _MERGED_SH = ("/bin/sh", "-c", 'exec 2>&1; exec /bin/sh -c "$1"', "sh")
@@ -114,6 +122,9 @@ def container_options(spec: SandboxSpec) -> dict[str, Any]:
         "image": spec.image,
         "command": ["sleep", "infinity"],
         "init": True,  # docker-init reaps orphans, so leftovers never pile up as zombies
+        # Nothing outside the persistent, disposable, /dev/shm and /dev/mqueue mounts is
+        # writable; Docker then binds /etc/hosts, /etc/hostname, /etc/resolv.conf read-only.
+        "read_only": True,
         "network_mode": "bridge" if spec.network else "none",
         "volumes": volumes,
         "working_dir": WORKSPACE,
@@ -359,23 +370,35 @@ class DockerSandbox:
         """Processes in the container's cgroup other than docker-init and its idle child."""
         return describe(sorted(set(self._pids()) - self.init_pids))
 
-    def changed_paths_outside_workspace(self) -> list[str] | None:
-        """Paths in the container's writable layer outside the persistent and disposable
-        directories.
+    def leftover_state(self) -> list[str] | None:
+        """State a later action could observe outside the persistent and disposable paths:
+        /dev/shm files, POSIX and SysV IPC objects and sockets of the container's namespaces
+        (`host.nsinspect`, through docker-init's pid), and paths in the writable layer.
 
-        Walks the overlay2 upper directory from the host (about a millisecond);
-        `docker diff` answers the same but takes ~0.4 s here, so it is only the fallback.
+        The root is read-only, so the overlay upper directory holds only the mount points
+        runc made; it is walked anyway (from the host, well under a millisecond), as is the
+        container's mount table, so that a writable mount nobody inspects makes the answer
+        unknown rather than empty. `docker diff` answers the walk's question in ~0.4 s, so it
+        is only the fallback.
         """
+        sandbox_id = self.spec.sandbox_id
         try:
+            init_pid = min(self.init_pids)  # docker-init: pid 1 of the container
+            if unexpected := _unexpected_writable_mounts(init_pid, self.spec.disposable):
+                logger.warning("sandbox %s: writable mounts nobody inspects: %s",
+                               sandbox_id, ", ".join(unexpected))
+                return None
             if self.upper_dir is not None and self.upper_dir.is_dir():
                 changed = _walk_upper(self.upper_dir)
             else:
                 changed = [(str(c["Path"]), c["Kind"] == 0) for c in self.container.diff() or []]
+            in_namespaces = nsinspect.namespace_state(init_pid)
         except Exception as exc:
-            logger.warning("sandbox %s: cannot list changes: %s", self.spec.sandbox_id, exc)
+            logger.warning("sandbox %s: cannot list leftover state: %s", sandbox_id, exc)
             return None
         mounts = (*_MOUNT_POINTS, *self.spec.disposable)
-        return sorted(path for path, is_dir in changed if not _untracked(path, is_dir, mounts))
+        written = [path for path, is_dir in changed if not _untracked(path, is_dir, mounts)]
+        return sorted(written) + in_namespaces
 
     def oom_killed(self) -> bool:
         """Docker's own OOMKilled flag (a cross-check; the domain's OOM counters are primary)."""
@@ -418,6 +441,36 @@ def _walk_upper(upper: Path) -> list[tuple[str, bool]]:
         found += [(f"{base.rstrip('/')}/{name}", True) for name in dirs]
         found += [(f"{base.rstrip('/')}/{name}", False) for name in files]
     return found
+
+
+def _mount_table(pid: int) -> list[tuple[str, bool, str, str]]:
+    """(mount point, mounted read-write, filesystem type, root within its filesystem) for
+    each mount `pid` sees (proc(5) mountinfo: the per-mount options are field 6)."""
+    table = []
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        before, after = line.split(" - ", 1)
+        fields = before.split()
+        root, mount_point, options = fields[3], fields[4], fields[5].split(",")
+        table.append((mount_point, "rw" in options, after.split()[0], root))
+    return table
+
+
+def _unexpected_writable_mounts(pid: int, disposable: tuple[str, ...]) -> list[str]:
+    """Writable mounts in `pid`'s mount namespace that may hold an action's state and that
+    `leftover_state` does not inspect."""
+    inspected = (*PERSISTENT_MOUNTS.values(), *disposable, *_INSPECTED_MOUNTS)
+    unexpected = []
+    for mount_point, writable, fs_type, root in _mount_table(pid):
+        if not writable or mount_point in inspected or mount_point in _STATELESS_MOUNTS:
+            continue
+        if mount_point.startswith("/proc/") and (fs_type == "proc" or root == "/null"):
+            continue  # a /proc entry, or one Docker masks with a bind of /dev/null
+        if mount_point in _ROOT_ONLY_MOUNTS:
+            st = Path(f"/proc/{pid}/root{mount_point}").stat()
+            if st.st_uid == 0 and not st.st_mode & 0o022:
+                continue
+        unexpected.append(mount_point)
+    return unexpected
 
 
 def _untracked(path: str, is_dir: bool, mounts: tuple[str, ...]) -> bool:

@@ -6,7 +6,7 @@ is an `ExecResult` or a callable). A callable receives the sandbox and the comma
 may really touch `sandbox.spec.workspace`, so workspace round trips are meaningful. When
 a queue runs out, exec raises `FakeScriptExhausted` instead of inventing a result.
 
-Faults are named by operation ("materialize", "exec", "processes", "changed_paths",
+Faults are named by operation ("materialize", "exec", "processes", "leftover_state",
 "destroy"). `fail_on` takes either names (fail every time) or a mapping from name to a
 count (fail that many times, then succeed), so retry paths can be driven exactly.
 """
@@ -24,7 +24,7 @@ from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
-FAULT_POINTS = frozenset({"materialize", "exec", "processes", "changed_paths", "destroy"})
+FAULT_POINTS = frozenset({"materialize", "exec", "processes", "leftover_state", "destroy"})
 
 # What a scripted step may return: a full result, an output string (exit 0), an exit
 # code (no output), or None (exit 0, no output).
@@ -109,7 +109,7 @@ class FakeSandbox:
         self._queue: deque[ExecResult | ExecStep] = deque()
         self.set_script(script)
         self.leftover_processes: list[ProcessInfo] = []
-        self.changed_paths: list[str] | None = []
+        self.leftovers: list[str] | None = []
         self.frozen = False
         self.destroyed = False
         self.commands: list[str] = []
@@ -162,9 +162,9 @@ class FakeSandbox:
         self._backend.faults.hit("processes", self._spec.sandbox_id)
         return list(self.leftover_processes)
 
-    def changed_paths_outside_workspace(self) -> list[str] | None:
-        self._backend.faults.hit("changed_paths", self._spec.sandbox_id)
-        return None if self.changed_paths is None else list(self.changed_paths)
+    def leftover_state(self) -> list[str] | None:
+        self._backend.faults.hit("leftover_state", self._spec.sandbox_id)
+        return None if self.leftovers is None else list(self.leftovers)
 
     async def destroy(self) -> None:
         if self.destroyed:

@@ -355,7 +355,7 @@ class ProcessSandbox:
             return []
         return describe(pid for pid in self.cgroup.pids() if pid not in self._own_pids)
 
-    def changed_paths_outside_workspace(self) -> list[str] | None:
+    def leftover_state(self) -> list[str] | None:
         """[] by construction (read-only root); /dev/shm files are listed; None if unverifiable."""
         writable = (*_WRITABLE_MOUNTS, *self._spec.disposable)
         try:

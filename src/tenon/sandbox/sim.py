@@ -249,7 +249,7 @@ class SimSandbox:
         self._clock = clock
         self.destroyed = False
         self.leftover_processes: list[ProcessInfo] = []
-        self.changed_paths: list[str] | None = []
+        self.leftovers: list[str] | None = []
         self.commands: list[str] = []
 
     @property
@@ -307,8 +307,8 @@ class SimSandbox:
     def processes(self) -> list[ProcessInfo]:
         return list(self.leftover_processes)
 
-    def changed_paths_outside_workspace(self) -> list[str] | None:
-        return None if self.changed_paths is None else list(self.changed_paths)
+    def leftover_state(self) -> list[str] | None:
+        return None if self.leftovers is None else list(self.leftovers)
 
     async def destroy(self) -> None:
         if self.destroyed:
