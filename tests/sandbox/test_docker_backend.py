@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -202,20 +204,100 @@ async def test_workspace_writes_are_visible_on_host(env):
     assert (workspace / "workspace" / "note.txt").exists()
 
 
-async def test_diff_catches_etc_but_not_workspace_or_tmp(env):
+async def test_root_is_read_only_and_persistent_dirs_are_not_leftovers(env):
+    backend, workspace = env
+    sandbox = await backend.materialize(make_spec(workspace, disposable=("/scratch",)))
+    kept = await sandbox.exec(
+        "echo a > /workspace/a; mkdir /tmp/d; echo b > /tmp/d/b; echo c > ~/.c; "
+        "echo s > /scratch/s", timeout_s=10)
+    assert kept.exit_code == 0, kept.output
+    assert sandbox.leftover_state() == []
+    for path in ("/etc/tenon-marker", "/usr/sbin/tenon-next", "/var/tmp/x", "/tenon-top"):
+        refused = await sandbox.exec(f"echo x > {path}", timeout_s=10)
+        assert refused.exit_code != 0, path
+        assert "Read-only file system" in refused.output, refused.output
+    removed = await sandbox.exec("rm -f /etc/issue", timeout_s=10)
+    assert "Read-only file system" in removed.output
+    assert sandbox.leftover_state() == []
+    await sandbox.destroy()
+
+
+async def test_writable_layer_walk_still_reports_writes(env):
+    """The root is read-only, so only the host can put a file in the writable layer; the
+    walk (kept as a check) must still report it and a whiteout, beside the mount points."""
     backend, workspace = env
     sandbox = await backend.materialize(make_spec(workspace))
-    await sandbox.exec("echo a > /workspace/a; mkdir /tmp/d; echo b > /tmp/d/b", timeout_s=10)
-    start = time.monotonic()
-    assert sandbox.leftover_state() == []
-    assert time.monotonic() - start < 0.3
-    result = await sandbox.exec("echo x > /etc/tenon-marker", timeout_s=10)
+    assert sandbox.upper_dir is not None
+    (sandbox.upper_dir / "etc").mkdir()
+    (sandbox.upper_dir / "etc" / "tenon-marker").write_text("x")
+    (sandbox.upper_dir / "usr" / "sbin" / "tenon-next").write_text("y")  # beside docker-init
+    os.mknod(sandbox.upper_dir / "etc" / "issue", 0o600 | stat.S_IFCHR, 0)  # a whiteout
+    assert sandbox.leftover_state() == ["/etc", "/etc/issue", "/etc/tenon-marker",
+                                        "/usr/sbin/tenon-next"]
+    await sandbox.destroy()
+
+
+LEFTOVER_ACTIONS = {
+    "/dev/shm file": ("echo x > /dev/shm/seg", "/dev/shm/seg"),
+    "POSIX message queue": ("touch /dev/mqueue/tenon-q", "POSIX mqueue /dev/mqueue/tenon-q"),
+    "SysV shared memory": ("ipcmk -M 4096", "SysV shm key"),
+    "SysV message queue": ("ipcmk -Q", "SysV msg key"),
+    "SysV semaphores": ("ipcmk -S 2", "SysV sem key"),
+}
+
+
+@pytest.mark.parametrize("kind", LEFTOVER_ACTIONS)
+async def test_leftover_state_makes_the_boundary_resident_only(env, kind):
+    from tenon.runtime.eligibility import check_restartable
+
+    backend, workspace = env
+    sandbox = await backend.materialize(make_spec(workspace))
+    clean = await sandbox.exec("echo clean > /workspace/f; ls /dev/shm /dev/mqueue", timeout_s=10)
+    assert clean.exit_code == 0, clean.output
+    assert check_restartable(sandbox, agent_has_logical_state=True).restartable
+    command, named = LEFTOVER_ACTIONS[kind]
+    result = await sandbox.exec(command, timeout_s=10)
     assert result.exit_code == 0, result.output
-    assert "/etc/tenon-marker" in sandbox.leftover_state()
-    await sandbox.exec("rm /etc/issue; echo y > /usr/sbin/tenon-next", timeout_s=10)
-    changed = sandbox.leftover_state()
-    assert "/etc/issue" in changed  # deleting an image file leaves a whiteout
-    assert "/usr/sbin/tenon-next" in changed  # beside the docker-init mount point
+    assert sandbox.processes() == []  # the object outlives the action that made it
+    (leftover,) = sandbox.leftover_state()
+    assert leftover.startswith(named)
+    verdict = check_restartable(sandbox, agent_has_logical_state=True)
+    assert verdict.resident_only
+    assert named in verdict.reason
+    await sandbox.destroy()
+
+
+async def test_leftover_state_names_a_listening_socket(env):
+    from tenon.runtime.eligibility import check_restartable
+
+    backend, workspace = env
+    sandbox = await backend.materialize(make_spec(workspace))
+    serve = ("python3 -c \"import socket, time; s = socket.socket(); "
+             "s.bind(('127.0.0.1', 8765)); s.listen(); time.sleep(300)\" "
+             "</dev/null >/dev/null 2>&1 &")
+    assert (await sandbox.exec(serve, timeout_s=10)).exit_code == 0
+    for _ in range(100):
+        if "tcp listener 127.0.0.1:8765" in (sandbox.leftover_state() or []):
+            break
+        await asyncio.sleep(0.05)
+    assert sandbox.leftover_state() == ["tcp listener 127.0.0.1:8765"]
+    assert check_restartable(sandbox, agent_has_logical_state=True).resident_only
+    await sandbox.destroy()
+
+
+async def test_a_writable_mount_nobody_inspects_makes_leftovers_unknown(env):
+    from tenon.runtime.eligibility import check_restartable
+
+    backend, workspace = env
+    sandbox = await backend.materialize(make_spec(workspace))
+    assert sandbox.leftover_state() == []
+    # As if Docker (or a new option) gave the container one more writable filesystem.
+    mount = ["nsenter", "-t", str(sandbox.init_pid), "-m", "mount", "-t", "tmpfs",
+             "tenon-extra", "/mnt"]
+    await asyncio.to_thread(subprocess.run, mount, check=True)
+    assert sandbox.leftover_state() is None
+    verdict = check_restartable(sandbox, agent_has_logical_state=True)
+    assert "cannot be ruled out" in verdict.reason
     await sandbox.destroy()
 
 

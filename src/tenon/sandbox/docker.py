@@ -253,7 +253,7 @@ class DockerBackend:
             raise
         ready_s = time.perf_counter() - start
         logger.info("sandbox %s ready in %.3f s (cgroup %s)", spec.sandbox_id, ready_s, relative)
-        parts = (client, container, cgroup, init_pids, upper)
+        parts = (client, container, cgroup, init_pid, init_pids, upper)
         return DockerSandbox(spec, relative, *parts, ready_s)
 
 
@@ -266,6 +266,7 @@ class DockerSandbox:
     client: docker.DockerClient
     container: Container
     cgroup: SandboxCgroup
+    init_pid: int  # docker-init, the container's pid 1: a way into its namespaces
     init_pids: frozenset[int]  # docker-init and its idle child, never reported or killed
     upper_dir: Path | None  # overlay2 writable layer, read from the host
     ready_s: float  # create -> first successful exec
@@ -383,8 +384,7 @@ class DockerSandbox:
         """
         sandbox_id = self.spec.sandbox_id
         try:
-            init_pid = min(self.init_pids)  # docker-init: pid 1 of the container
-            if unexpected := _unexpected_writable_mounts(init_pid, self.spec.disposable):
+            if unexpected := _unexpected_writable_mounts(self.init_pid, self.spec.disposable):
                 logger.warning("sandbox %s: writable mounts nobody inspects: %s",
                                sandbox_id, ", ".join(unexpected))
                 return None
@@ -392,7 +392,7 @@ class DockerSandbox:
                 changed = _walk_upper(self.upper_dir)
             else:
                 changed = [(str(c["Path"]), c["Kind"] == 0) for c in self.container.diff() or []]
-            in_namespaces = nsinspect.namespace_state(init_pid)
+            in_namespaces = nsinspect.namespace_state(self.init_pid)
         except Exception as exc:
             logger.warning("sandbox %s: cannot list leftover state: %s", sandbox_id, exc)
             return None
