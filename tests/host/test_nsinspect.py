@@ -64,6 +64,9 @@ def test_finds_every_kind_of_object_in_the_namespaces(holder: int) -> None:
     assert "tcp listener 127.0.0.1:8765" in state
     assert "udp socket 127.0.0.1:8766" in state
     assert "unix listener @tenon-abstract" in state
+    sockets = nsinspect.listening_sockets(holder)
+    assert sockets == nsinspect.proc_sockets(holder)  # sock_diag and /proc agree
+    assert sockets == [s for s in state if "socket" in s or "listener" in s]
 
 
 @pytest.mark.sandbox
@@ -101,7 +104,7 @@ def test_socket_lines_are_parsed(tmp_path: Path) -> None:
              "0000: 00000002 00000000 00000000 0001 03 101\n"  # connected, unnamed: not listed
              "0000: 00000002 00000000 00000000 0002 01 102 @dgram\n",
     )
-    assert nsinspect.listening_sockets(7, proc_root) == [
+    assert nsinspect.proc_sockets(7, proc_root) == [
         "tcp listener 127.0.0.1:8080",
         "udp socket 0.0.0.0:53",
         "unix datagram socket @dgram",
@@ -114,4 +117,4 @@ def test_ipv6_addresses_are_decoded(tmp_path: Path) -> None:
     (proc_root / "7" / "net" / "tcp6").write_text(
         "header\n   0: 00000000000000000000000001000000:0050 "
         "00000000000000000000000000000000:0000 0A 0 0\n")
-    assert nsinspect.listening_sockets(7, proc_root) == ["tcp6 listener [::1]:80"]
+    assert nsinspect.proc_sockets(7, proc_root) == ["tcp6 listener [::1]:80"]

@@ -350,3 +350,55 @@ async def test_background_process_makes_the_boundary_resident_only(sandbox):
     verdict = check_restartable(sandbox, agent_has_logical_state=True)
     assert verdict.resident_only
     assert "sleep" in verdict.reason
+
+
+_MQ_OPEN = ("python3 -c \"import ctypes; "
+            "assert ctypes.CDLL('librt.so.1').mq_open(b'/jobs', 0o102, 0o600, None) >= 0\"")
+
+
+@pytest.mark.parametrize(("command", "named"), [
+    ("ipcmk -M 4096", "SysV shm"),
+    ("ipcmk -Q", "SysV msg"),
+    ("ipcmk -S 2", "SysV sem"),
+    (_MQ_OPEN, "POSIX mqueue /dev/mqueue/jobs"),
+    ("echo x > /dev/shm/seg", "/dev/shm/seg"),
+])
+async def test_ipc_objects_left_by_an_exited_action_make_the_boundary_resident_only(
+        sandbox, command, named):
+    from tenon.runtime.eligibility import check_restartable
+
+    clean = await run(sandbox, "echo hi > /workspace/a; echo t > /tmp/b; echo h > ~/c")
+    assert clean.exit_code == 0, clean.output
+    assert sandbox.leftover_state() == []
+    assert check_restartable(sandbox, agent_has_logical_state=True).restartable
+    result = await run(sandbox, command)
+    assert result.exit_code == 0, result.output
+    assert sandbox.processes() == []  # nothing but the object itself is left
+    leftovers = sandbox.leftover_state()
+    assert len(leftovers) == 1
+    assert leftovers[0].startswith(named)
+    verdict = check_restartable(sandbox, agent_has_logical_state=True)
+    assert verdict.resident_only
+    assert named in verdict.reason
+
+
+async def test_listening_sockets_are_reported(sandbox):
+    from tenon.runtime.eligibility import check_restartable
+
+    await run(sandbox, "python3 -c \"import socket, time; s = socket.socket(); "
+                       "s.bind(('127.0.0.1', 8080)); s.listen(); u = socket.socket(1); "
+                       "u.bind('/workspace/s.sock'); u.listen(); time.sleep(100)\" "
+                       ">/dev/null 2>&1 &")
+    for _ in range(200):
+        leftovers = sandbox.leftover_state()
+        if len(leftovers) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert leftovers == ["tcp listener 127.0.0.1:8080", "unix listener /workspace/s.sock"]
+    assert check_restartable(sandbox, agent_has_logical_state=True).resident_only
+
+
+async def test_leftover_state_is_unknown_once_the_sandbox_is_gone(backend, tmp_path):
+    sb = await backend.materialize(make_spec(tmp_path))
+    await sb.destroy()
+    assert sb.leftover_state() is None

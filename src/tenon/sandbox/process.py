@@ -37,7 +37,7 @@ from tenon.errors import (
     TenonError,
     WorkspaceError,
 )
-from tenon.host import procs
+from tenon.host import nsinspect, procs
 from tenon.host.domain import SandboxCgroup, WorkloadDomain
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
@@ -62,9 +62,12 @@ OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may 
 _READY = b"tenon-ready\n"
 _STAGE_SH = 'mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 && exec "$@"'
 _INIT_SH = f"echo {_READY.decode().strip()}; exec sleep infinity </dev/null >/dev/null 2>&1"
-# Mounts an action may write through (besides the spec's disposable paths); anything else rw
-# makes the outside-writes answer unknown.
-_WRITABLE_MOUNTS = (*PERSISTENT_MOUNTS.values(), "/dev/shm", "/dev/pts", "/proc")
+# Mounts an action may write through besides the spec's disposable paths: the persistent
+# directories, the two `nsinspect` lists (/dev/shm, /dev/mqueue), and two that hold no state
+# of their own (/dev/pts: ptys of live processes; /proc). Anything else writable makes the
+# leftover-state answer unknown.
+_WRITABLE_MOUNTS = (*PERSISTENT_MOUNTS.values(), nsinspect.SHM_DIR, nsinspect.MQUEUE_DIR,
+                    "/dev/pts", "/proc")
 
 
 def _tools() -> dict[str, str | None]:
@@ -173,7 +176,8 @@ class ProcessBackend:
             "--ro-bind", str(self._stage / "root"), "/",
             *persistent,
             "--proc", "/proc", "--dev", "/dev",
-            "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            "--size", size, "--tmpfs", nsinspect.SHM_DIR, "--mqueue", nsinspect.MQUEUE_DIR,
+            "--remount-ro", "/dev",
             *disposable,
             "--chdir", "/workspace", "--clearenv",
             "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", HOME_DIR,
@@ -356,7 +360,11 @@ class ProcessSandbox:
         return describe(pid for pid in self.cgroup.pids() if pid not in self._own_pids)
 
     def leftover_state(self) -> list[str] | None:
-        """[] by construction (read-only root); /dev/shm files are listed; None if unverifiable."""
+        """No file outside the writable mounts by construction (read-only root, checked in
+        the mount table: any other writable mount makes the answer None); /dev/shm files,
+        POSIX and SysV IPC objects and sockets of the sandbox's namespaces are listed."""
+        if self._destroyed:
+            return None
         writable = (*_WRITABLE_MOUNTS, *self._spec.disposable)
         try:
             mountinfo = Path(f"/proc/{self.child_pid}/mountinfo").read_text()
@@ -372,9 +380,10 @@ class ProcessSandbox:
                     logger.warning("sandbox %s: unexpected writable mount %s",
                                    self._spec.sandbox_id, mount_point)
                     return None
-            shm = Path(f"/proc/{self.child_pid}/root/dev/shm")
-            return sorted(f"/dev/shm/{p.relative_to(shm)}" for p in shm.rglob("*"))
-        except (OSError, IndexError):
+            return nsinspect.namespace_state(self.child_pid)
+        except (OSError, IndexError) as exc:
+            logger.warning("sandbox %s: cannot list leftover state: %s",
+                           self._spec.sandbox_id, exc)
             return None
 
     async def destroy(self) -> None:
