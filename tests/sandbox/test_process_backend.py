@@ -245,13 +245,12 @@ async def test_no_capabilities(sandbox):
 async def test_runs_as_unprivileged_host_uid(sandbox):
     await run(sandbox, "sleep 30 &")
     [leftover] = sandbox.processes()
-    assert os.stat(f"/proc/{leftover.host_pid}").st_uid == backend_host_uid()
-
-
-def backend_host_uid() -> int:
-    from tenon.sandbox.process import DEFAULT_HOST_UID
-
-    return DEFAULT_HOST_UID
+    assert os.stat(f"/proc/{leftover.host_pid}").st_uid == sandbox.host_uid
+    assert sandbox.host_uid in sandbox._uids
+    assert sandbox.host_uid in sandbox._uids.held()
+    root = sandbox.spec.workspace
+    assert root.stat().st_uid == sandbox.host_uid
+    assert root.stat().st_mode & 0o777 == 0o700
 
 
 async def test_pids_limit(backend, tmp_path):

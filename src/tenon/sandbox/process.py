@@ -4,9 +4,12 @@ Each sandbox is one `bwrap` tree (new user, pid, mount, uts, ipc, cgroup and, un
 asked otherwise, net namespaces) over the base image's rootfs mounted read-only, with
 the agent's persistent directories bound read-write at /workspace, HOME (/home/user) and
 /tmp, and size-capped tmpfs at /dev/shm and at each path declared disposable.
-bwrap runs as an unprivileged *host* uid (`host_uid`), so no sandbox process is host
-root even inside its user namespace (a kuid-0 process could still write root-owned
-sysctls or read /proc/kpage*); inside it appears as uid/gid 1000. Actions enter the
+bwrap runs as an unprivileged *host* uid of its own (`sandbox.uids`: one per live sandbox,
+so per-user kernel limits such as inotify instances are per sandbox), so no sandbox process
+is host root even inside its user namespace (a kuid-0 process could still write root-owned
+sysctls or read /proc/kpage*); inside it appears as uid/gid 1000. The persistent root is
+owned by that uid and 0700; an agent gets its previous uid back when it is free, so a
+rebuild changes no owner. Actions enter the
 namespaces with `nsenter`, as fresh processes placed in the sandbox cgroup before they
 exec anything.
 
@@ -50,11 +53,11 @@ from tenon.sandbox._exec import (
 )
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.uids import UidAllocator, shared_allocator
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "tenon-base:bookworm"
-DEFAULT_HOST_UID = 100000  # unprivileged host uid/gid sandboxes run as (outside any user's range)
 SANDBOX_UID = 1000  # uid/gid inside the sandbox
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 10.0
@@ -84,11 +87,11 @@ class ProcessBackend:
         domain: WorkloadDomain,
         state_dir: Path = Path("/var/lib/tenon"),
         *,
-        host_uid: int = DEFAULT_HOST_UID,
+        uids: UidAllocator | None = None,
     ) -> None:
         self.domain = domain
         self.state_dir = state_dir
-        self.host_uid = host_uid
+        self.uids = uids or shared_allocator()
         self._tools = _tools()
         self._stage = state_dir / "mnt"
 
@@ -98,7 +101,7 @@ class ProcessBackend:
         for d in (self._stage, *self._stage.parents):
             if not d.stat().st_mode & 0o001:
                 raise BackendUnavailable(
-                    f"{d} is not searchable by the sandbox uid {self.host_uid}; "
+                    f"{d} is not searchable by the sandbox uids; "
                     f"run: chmod o+x {d}")
 
     def check(self) -> list[str]:
@@ -113,6 +116,7 @@ class ProcessBackend:
             self._ensure_stage()
         except (TenonError, OSError) as exc:
             problems.append(str(exc))
+        problems.extend(self.uids.check())
         for controller in ("memory", "pids", "freezer"):
             if controller not in self.domain.layout.mounts and not (
                 controller == "freezer" and self.domain.layout.version.value == "v2"
@@ -139,13 +143,16 @@ class ProcessBackend:
             )
         return {t: p for t, p in self._tools.items() if p is not None}
 
-    def _prepare_workspace(self, workspace: Path) -> None:
-        """The sandbox's host uid must own the workspace to write it (lchown: never follow)."""
+    @staticmethod
+    def _prepare_workspace(workspace: Path, uid: int) -> None:
+        """The sandbox's host uid owns the persistent root, 0700, and everything in it
+        (lchown: never follow)."""
         if not workspace.is_dir():
             raise WorkspaceError(f"workspace {workspace} is not a directory")
         for sub in PERSISTENT_MOUNTS:
-            (workspace / sub).mkdir(exist_ok=True)
-        uid = gid = self.host_uid
+            (workspace / sub).mkdir(mode=0o700, exist_ok=True)
+        workspace.chmod(0o700)
+        gid = uid
         for root, dirs, files in os.walk(workspace):
             for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
                 st = os.lstat(name)
@@ -153,7 +160,7 @@ class ProcessBackend:
                     os.lchown(name, uid, gid)
 
     def _bwrap_argv(self, tools: dict[str, str], rootfs: Path, spec: SandboxSpec,
-                    info_fd: int) -> list[str]:
+                    info_fd: int, host_uid: int) -> list[str]:
         """bwrap runs as `host_uid`, which may not traverse the workspace's ancestors (e.g. a
         0700 parent): root first binds rootfs and workspace onto fixed staging points inside a
         private mount namespace (invisible to the host, gone with the sandbox)."""
@@ -166,7 +173,7 @@ class ProcessBackend:
             tools["unshare"], "--mount", "--propagation", "private", "--",
             "/bin/sh", "-c", _STAGE_SH, "tenon-stage", str(rootfs), str(spec.workspace),
             str(self._stage / "root"), str(self._stage / "workspace"),
-            tools["setpriv"], f"--reuid={self.host_uid}", f"--regid={self.host_uid}",
+            tools["setpriv"], f"--reuid={host_uid}", f"--regid={host_uid}",
             "--clear-groups", "--", tools["bwrap"],
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup", *(() if spec.network else ("--unshare-net",)),
@@ -192,26 +199,38 @@ class ProcessBackend:
             (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self._ensure_stage()
         workspace = spec.workspace.resolve()
-        await asyncio.to_thread(self._prepare_workspace, workspace)
-        spec_ws = dataclasses.replace(spec, workspace=workspace)
-        cgroup = self.domain.sandbox(spec.sandbox_id)
+        try:
+            previous_uid: int | None = workspace.stat().st_uid
+        except OSError:
+            previous_uid = None
+        host_uid = self.uids.acquire(previous_uid)
+        try:
+            await asyncio.to_thread(self._prepare_workspace, workspace, host_uid)
+            spec_ws = dataclasses.replace(spec, workspace=workspace)
+            cgroup = self.domain.sandbox(spec.sandbox_id)
+        except BaseException:
+            self.uids.release(host_uid)
+            raise
         try:
             if cgroup.pids():
                 raise SandboxError(f"cgroup of {spec.sandbox_id} already has processes "
                                    f"{cgroup.pids()}; destroy the old sandbox first")
             cgroup.set_max_pids(spec.max_pids)
-            return await self._start(tools, rootfs, spec, spec_ws, cgroup)
+            return await self._start(tools, rootfs, spec, spec_ws, cgroup, host_uid)
         except BaseException:
             with contextlib.suppress(Exception):
                 cgroup.remove()
+            if not _has_processes(cgroup):  # else something may still run as the uid
+                self.uids.release(host_uid)
             raise
 
     async def _start(self, tools: dict[str, str], rootfs: Path, spec: SandboxSpec,
-                     spec_ws: SandboxSpec, cgroup: SandboxCgroup) -> ProcessSandbox:
+                     spec_ws: SandboxSpec, cgroup: SandboxCgroup,
+                     host_uid: int) -> ProcessSandbox:
         out_r, out_w = os.pipe()
         info_r, info_w = os.pipe()
         argv = enter_cgroup_argv(cgroup.procs_files(),
-                                 self._bwrap_argv(tools, rootfs, spec_ws, info_w))
+                                 self._bwrap_argv(tools, rootfs, spec_ws, info_w, host_uid))
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=out_w,
@@ -240,7 +259,8 @@ class ProcessBackend:
             os.close(info_r)
         logger.debug("sandbox %s ready: bwrap %d, pid1 %d, init %d",
                      spec.sandbox_id, proc.pid, child_pid, init_pid)
-        return ProcessSandbox(spec, cgroup, proc, child_pid, init_pid, out_r, tools)
+        return ProcessSandbox(spec, cgroup, proc, child_pid, init_pid, out_r, tools,
+                              host_uid, self.uids)
 
 
 async def _wait_running(proc: asyncio.subprocess.Process, cgroup: SandboxCgroup,
@@ -263,6 +283,16 @@ async def _wait_running(proc: asyncio.subprocess.Process, cgroup: SandboxCgroup,
             waiter.cancel()
 
 
+def _has_processes(cgroup: SandboxCgroup) -> bool:
+    """Whether anything may still run in `cgroup` (True when that cannot be read)."""
+    if not any(d.is_dir() for d in cgroup.dirs.values()):
+        return False  # removed, so empty
+    try:
+        return bool(cgroup.pids())
+    except OSError:
+        return True
+
+
 def _init_pid(cgroup: SandboxCgroup, child_pid: int) -> int:
     """The init (`sleep infinity`): pid 1's only child right after readiness."""
     for pid in cgroup.pids():
@@ -277,7 +307,8 @@ class ProcessSandbox:
 
     def __init__(self, spec: SandboxSpec, cgroup: SandboxCgroup,
                  proc: asyncio.subprocess.Process, child_pid: int, init_pid: int,
-                 out_fd: int, tools: dict[str, str]) -> None:
+                 out_fd: int, tools: dict[str, str], host_uid: int,
+                 uids: UidAllocator) -> None:
         self._spec = spec
         self.cgroup = cgroup
         self._proc = proc  # outer bwrap (host pid ns)
@@ -285,6 +316,8 @@ class ProcessSandbox:
         self.init_pid = init_pid
         self._out_fd = out_fd  # bwrap's stdout/stderr; kept open so late writes never SIGPIPE it
         self._tools = tools
+        self.host_uid = host_uid  # held from `uids` until destroy has killed every process
+        self._uids = uids
         self._destroyed = False
 
     @property
@@ -400,6 +433,7 @@ class ProcessSandbox:
             await asyncio.to_thread(self.cgroup.kill_all)
             await self._proc.wait()
             await asyncio.to_thread(self.cgroup.remove)
+            self._uids.release(self.host_uid)
         finally:
             if self._out_fd >= 0:
                 os.close(self._out_fd)
