@@ -3,9 +3,17 @@
 `cgroup_parent=/<domain>` puts each container's cgroup at `<domain>/<container id>`
 (cgroupfs driver), so all it allocates is charged to the budget. Its init (docker-init +
 `sleep infinity`) only idles; each action is a fresh `sh -c` via `docker exec`, killed on
-timeout from the host (exec pid, descendants, anything with its TENON_EXEC_ID). Actions run
-as the workspace's owner uid:gid with all capabilities dropped and no-new-privileges, so
-/workspace is writable without chown and its files stay the host owner's.
+timeout from the host (exec pid, descendants, anything with its TENON_EXEC_ID).
+
+Isolation: the container and every action run as the sandbox's own unprivileged host uid
+(`sandbox.uids`; gid the same number, no user namespace, so per-user kernel limits such as
+inotify instances are per sandbox), which owns the persistent root, mode 0700. The root
+filesystem is read-only; only the persistent binds, the disposable tmpfs, /dev/shm (a
+tmpfs capped at `tmp_size_bytes`) and /dev/mqueue are writable. All capabilities are
+dropped, no-new-privileges is set, the pids cgroup caps `max_pids`, and each container has
+private pid, IPC, mount and network namespaces (network `none`, or with network a Docker
+bridge: the host's loopback is out of reach, its services bound to every address are not).
+An agent gets its previous uid back when it is free, so a rebuild changes no owner.
 """
 
 from __future__ import annotations
@@ -39,10 +47,12 @@ from tenon.errors import (
     SandboxDied,
     SandboxError,
     SandboxFrozen,
+    WorkspaceError,
 )
 from tenon.host import nsinspect
 from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.uids import UidAllocator, shared_allocator
 
 if TYPE_CHECKING:
     from tenon.host.domain import SandboxCgroup, WorkloadDomain
@@ -57,6 +67,7 @@ WORKSPACE = PERSISTENT_MOUNTS["workspace"]
 # Mount points runc creates in the writable layer; they and their parent dirs are no action's.
 _MOUNT_POINTS = (*PERSISTENT_MOUNTS.values(), "/sbin/docker-init", "/usr/sbin/docker-init")
 _READY_TIMEOUT_S = 10.0
+_PRIVATE_MODE = 0o700
 # Writable mounts besides the persistent and disposable ones. `nsinspect` lists what is in
 # these two; the others cannot carry an action's state: /dev and /sys/fs/cgroup are tmpfs
 # that only root may write (checked each time: the sandbox's uid is not root and holds no
@@ -109,14 +120,30 @@ def connect(timeout_s: float = 30.0) -> docker.DockerClient:
     return client
 
 
-def container_options(spec: SandboxSpec) -> dict[str, Any]:
-    """`containers.create` keyword arguments shared by Tenon and the bare baseline."""
+def own_persistent_root(root: Path, uid: int) -> None:
+    """`uid` (gid the same) owns the persistent root and everything in it, and only it may
+    enter the root and its subdirectories (lchown: never follow a symlink out)."""
+    if not root.is_dir():
+        raise WorkspaceError(f"workspace {root} is not a directory")
+    for sub in PERSISTENT_MOUNTS:
+        (root / sub).mkdir(mode=_PRIVATE_MODE, exist_ok=True)
+    for directory in (root, *(root / sub for sub in PERSISTENT_MOUNTS)):
+        directory.chmod(_PRIVATE_MODE)
+    for top, dirs, files in os.walk(root):
+        for name in (top, *(os.path.join(top, n) for n in (*dirs, *files))):
+            st = os.lstat(name)
+            if st.st_uid != uid or st.st_gid != uid:
+                os.lchown(name, uid, uid)
+
+
+def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
+    """`containers.create` keyword arguments shared by Tenon and the bare baseline; the
+    container runs as `uid`, which must own the persistent root (`own_persistent_root`)."""
+    if uid == 0:  # /dev and /sys/fs/cgroup are writable tmpfs for root, and unchecked
+        raise SandboxError(f"sandbox {spec.sandbox_id} may not run as root")
     root = spec.workspace.resolve()
-    owner = root.stat()
-    volumes = {}
-    for sub, target in PERSISTENT_MOUNTS.items():
-        (root / sub).mkdir(exist_ok=True)
-        volumes[str(root / sub)] = {"bind": target, "mode": "rw"}
+    volumes = {str(root / sub): {"bind": target, "mode": "rw"}
+               for sub, target in PERSISTENT_MOUNTS.items()}
     tmpfs = {path: f"size={spec.tmp_size_bytes},mode=1777" for path in spec.disposable}
     return {
         "image": spec.image,
@@ -133,7 +160,7 @@ def container_options(spec: SandboxSpec) -> dict[str, Any]:
         "pids_limit": spec.max_pids,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
-        "user": f"{owner.st_uid}:{owner.st_gid}",
+        "user": f"{uid}:{uid}",
         "environment": {"HOME": HOME_DIR, **spec.env},
     }
 
@@ -169,9 +196,11 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, domain: WorkloadDomain, client: docker.DockerClient | None = None) -> None:
+    def __init__(self, domain: WorkloadDomain, client: docker.DockerClient | None = None, *,
+                 uids: UidAllocator | None = None) -> None:
         self.domain = domain
         self._client = client
+        self.uids = uids or shared_allocator()
 
     @property
     def client(self) -> docker.DockerClient:
@@ -214,7 +243,34 @@ class DockerBackend:
     def _materialize(self, spec: SandboxSpec) -> DockerSandbox:
         client = self.client
         start = time.perf_counter()
-        options = container_options(spec)
+        root = spec.workspace.resolve()
+        try:
+            previous_uid: int | None = root.stat().st_uid
+        except OSError:
+            previous_uid = None
+        uid = self.uids.acquire(previous_uid)
+        try:
+            own_persistent_root(root, uid)
+            return self._start(client, spec, uid, start)
+        except BaseException:
+            if not self._container_exists(client, spec):  # else something may run as uid
+                self.uids.release(uid)
+            raise
+
+    @staticmethod
+    def _container_exists(client: docker.DockerClient, spec: SandboxSpec) -> bool:
+        """Whether the sandbox's container exists; True when Docker cannot say."""
+        try:
+            client.containers.get(f"tenon-{spec.sandbox_id}")
+        except docker.errors.NotFound:
+            return False
+        except Exception:
+            return True
+        return True
+
+    def _start(self, client: docker.DockerClient, spec: SandboxSpec, uid: int,
+               start: float) -> DockerSandbox:
+        options = container_options(spec, uid)
         try:
             # create + start, not run: run would try to pull a missing image.
             container = client.containers.create(
@@ -254,7 +310,7 @@ class DockerBackend:
         ready_s = time.perf_counter() - start
         logger.info("sandbox %s ready in %.3f s (cgroup %s)", spec.sandbox_id, ready_s, relative)
         parts = (client, container, cgroup, init_pid, init_pids, upper)
-        return DockerSandbox(spec, relative, *parts, ready_s)
+        return DockerSandbox(spec, relative, *parts, ready_s, uid, self.uids)
 
 
 @dataclass(eq=False)
@@ -270,6 +326,8 @@ class DockerSandbox:
     init_pids: frozenset[int]  # docker-init and its idle child, never reported or killed
     upper_dir: Path | None  # overlay2 writable layer, read from the host
     ready_s: float  # create -> first successful exec
+    host_uid: int  # held from `uids` until the container is gone
+    uids: UidAllocator
     _destroyed: bool = False
 
     async def exec(
@@ -430,6 +488,7 @@ class DockerSandbox:
         except HostError as exc:
             msg = f"cgroup of {self.spec.sandbox_id} outlived its container: {exc}"
             raise SandboxError(msg) from exc
+        self.uids.release(self.host_uid)  # nothing runs as it: the cgroup is gone
         self._destroyed = True
 
 
@@ -530,17 +589,25 @@ def bare_docker_lifecycle(
     """Baseline for the lifecycle benchmark: plain `docker run -d` with Tenon's flags minus
     the cgroup parent, timed until `true` execs, then `docker rm -f`. Medians in ms."""
     times_ms: dict[str, list[float]] = {"bare_run_ms": [], "bare_rm_ms": []}
-    with tempfile.TemporaryDirectory(prefix="tenon-bare-") as tmp:
-        options = container_options(SandboxSpec("bare", image, workspace or Path(tmp)))
-        for _ in range(n):
-            start = time.perf_counter()
-            container = client.containers.create(labels={"tenon.bare": "1"}, **options)
-            try:
-                container.start()
-                _first_exec(client, _created_id(container), time.monotonic() + _READY_TIMEOUT_S)
-                times_ms["bare_run_ms"].append((time.perf_counter() - start) * 1000)
-            finally:
+    uids = shared_allocator()
+    uid = uids.acquire()
+    try:
+        with tempfile.TemporaryDirectory(prefix="tenon-bare-") as tmp:
+            spec = SandboxSpec("bare", image, workspace or Path(tmp))
+            own_persistent_root(spec.workspace, uid)
+            options = container_options(spec, uid)
+            for _ in range(n):
                 start = time.perf_counter()
-                container.remove(force=True)
-                times_ms["bare_rm_ms"].append((time.perf_counter() - start) * 1000)
+                container = client.containers.create(labels={"tenon.bare": "1"}, **options)
+                try:
+                    container.start()
+                    _first_exec(client, _created_id(container),
+                                time.monotonic() + _READY_TIMEOUT_S)
+                    times_ms["bare_run_ms"].append((time.perf_counter() - start) * 1000)
+                finally:
+                    start = time.perf_counter()
+                    container.remove(force=True)
+                    times_ms["bare_rm_ms"].append((time.perf_counter() - start) * 1000)
+    finally:
+        uids.release(uid)  # every container it ran is removed
     return {"n": float(n)} | {key: statistics.median(ms) for key, ms in times_ms.items()}

@@ -1,0 +1,295 @@
+"""Each escape tried from a Docker sandbox, asserted to fail: reach a listener on the host's
+loopback, read another agent's workspace, see or signal host processes, exhaust another
+sandbox's pids or inotify instances, fill a shared disk or memory, write outside the
+persistent directories. (Filling the workspace's own filesystem, and reading a workspace as
+another host uid, are tried in tests/runtime/test_workspace_limits_docker.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenon.runtime.workspace import WorkspaceStore
+from tenon.sandbox.base import SandboxSpec
+from tenon.units import MIB
+
+pytestmark = pytest.mark.docker
+
+IMAGE = "tenon-base:bookworm"
+
+# Connects to each (host, port) given and prints one line per target. The bridge gateway
+# (the host's address on the container's network) comes from the default route, if any.
+_PROBE = """
+import socket, sys
+targets = [("127.0.0.1", int(port)) for port in sys.argv[1:]]
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    fields = line.split()
+    if fields[1] == "00000000":
+        gateway = socket.inet_ntoa(bytes.fromhex(fields[2])[::-1])
+        targets += [(gateway, int(port)) for port in sys.argv[1:]]
+for host, port in targets:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print(host, port, "connected")
+    except OSError as exc:
+        print(host, port, type(exc).__name__)
+"""
+
+# Opens inotify instances until the kernel refuses, says how many, then holds them.
+_INOTIFY_HOG = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+print(len(fds), os.strerror(ctypes.get_errno()), flush=True)
+if sys.argv[1:] == ["hold"]:
+    time.sleep(300)
+"""
+
+
+def python_command(code: str, *args: object) -> str:
+    """A shell command running `code` with python3 (base64: no quoting to get wrong)."""
+    encoded = base64.b64encode(code.encode()).decode()
+    return f'python3 -c "$(echo {encoded} | base64 -d)" {" ".join(map(str, args))}'
+
+
+@pytest.fixture
+def backend() -> Iterator[Any]:
+    import docker.errors
+
+    from tenon.errors import BackendUnavailable
+    from tenon.host.domain import WorkloadDomain
+    from tenon.sandbox.docker import (
+        DockerBackend,
+        cleanup_domain_containers,
+        connect,
+        remove_parent_cgroups,
+    )
+
+    if os.geteuid() != 0:
+        pytest.skip("the docker backend needs root (cgroup domain, workspace owners)")
+    try:
+        client = connect(timeout_s=30)
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        client.close()
+        pytest.skip(f"{IMAGE} missing; run: tenon image build")
+    domain = WorkloadDomain.open(f"tenon-test-{uuid.uuid4().hex[:8]}", budget_bytes=1024 * MIB)
+    yield DockerBackend(domain, client=client)
+    cleanup_domain_containers(client, domain.name)
+    domain.remove()
+    remove_parent_cgroups(domain.name)
+    assert list(Path("/sys/fs/cgroup").glob(f"*/{domain.name}")) == []
+    client.close()
+
+
+@pytest.fixture
+def store() -> Iterator[WorkspaceStore]:
+    """Plain persistent roots under a state dir every uid may traverse (not list), as in
+    production: only the roots' own modes and owners keep one agent from another."""
+    state_dir = Path(tempfile.mkdtemp(prefix="tenon-iso-", dir="/tmp"))
+    state_dir.chmod(0o711)
+    yield WorkspaceStore(state_dir)
+    shutil.rmtree(state_dir)
+
+
+@pytest.fixture
+async def sandboxes(backend: Any, store: WorkspaceStore) -> AsyncIterator[Any]:
+    """`make(agent_id, **spec fields)` materializes a sandbox on that agent's persistent
+    root; every sandbox made is destroyed at the end."""
+    made: list[Any] = []
+
+    async def make(agent_id: str, **overrides: Any) -> Any:
+        fields: dict[str, Any] = {"sandbox_id": f"sb-{uuid.uuid4().hex[:8]}", "image": IMAGE,
+                                  "workspace": store.create(agent_id),
+                                  "tmp_size_bytes": 16 * MIB, "max_pids": 64}
+        sandbox = await backend.materialize(SandboxSpec(**{**fields, **overrides}))
+        made.append(sandbox)
+        return sandbox
+
+    yield make
+    for sandbox in made:
+        await sandbox.destroy()
+
+
+def uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
+def as_uid(uid: int, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                           "--", *argv], capture_output=True, text=True, check=False)
+
+
+@contextlib.contextmanager
+def host_listener(address: str) -> Iterator[int]:
+    with socket.socket() as listener:
+        listener.bind((address, 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+async def test_sandboxes_run_as_distinct_non_root_uids(sandboxes):
+    first, second = await sandboxes("one"), await sandboxes("two")
+    uids = {uid_of(first.init_pid), uid_of(second.init_pid)}
+    assert len(uids) == 2
+    assert 0 not in uids
+    result = await first.exec("id -u; cat /proc/self/status | grep CapEff", timeout_s=10)
+    assert result.output.split()[0] == str(uid_of(first.init_pid))
+    assert result.output.split()[-1] == "0000000000000000"  # no capability at all
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["network-none", "network-bridge"])
+async def test_host_loopback_listener_is_unreachable(sandboxes, network):
+    sandbox = await sandboxes("prober", network=network)
+    with host_listener("127.0.0.1") as loopback_port:
+        probe = await sandbox.exec(python_command(_PROBE, loopback_port), timeout_s=30)
+    assert probe.exit_code == 0, probe.output
+    lines = probe.output.splitlines()
+    assert "connected" not in probe.output
+    # The container's 127.0.0.1 is its own loopback; with a bridge, the gateway is tried too.
+    assert len(lines) == (2 if network else 1)
+
+
+async def test_bridge_reaches_host_services_on_all_addresses_only(sandboxes):
+    """What a sandbox with network may reach on the host: a service bound to every address
+    answers on the bridge gateway (as on any Docker bridge); the loopback one does not."""
+    sandbox = await sandboxes("prober", network=True)
+    with host_listener("127.0.0.1") as loopback_port, host_listener("0.0.0.0") as any_port:
+        probe = await sandbox.exec(python_command(_PROBE, loopback_port, any_port), timeout_s=30)
+    connected = [line for line in probe.output.splitlines() if line.endswith("connected")]
+    assert len(connected) == 1, probe.output
+    assert connected[0].split()[1] == str(any_port)
+    assert not connected[0].startswith("127.")
+
+
+async def test_another_agents_workspace_is_unreadable(sandboxes, store):
+    owner, intruder = await sandboxes("owner"), await sandboxes("intruder")
+    wrote = await owner.exec("echo hunter2 > /workspace/secret; echo hunter2 > ~/secret",
+                             timeout_s=10)
+    assert wrote.exit_code == 0, wrote.output
+    root = store.path_for("owner")
+    secret = root / "workspace" / "secret"
+    # Inside the intruder's sandbox the owner's root does not exist at all.
+    inside = await intruder.exec(f"cat {secret} {root}/home/secret; ls {root}", timeout_s=10)
+    assert inside.exit_code != 0
+    assert "hunter2" not in inside.output
+    assert "No such file or directory" in inside.output
+    # Outside it (an escape from the mount namespace), its host uid still may not read.
+    owner_uid, intruder_uid = uid_of(owner.init_pid), uid_of(intruder.init_pid)
+    for path in (root, root / "workspace", root / "home"):
+        st = path.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner_uid, 0o700), path
+    for argv in (["cat", str(secret)], ["ls", str(root)], ["ls", str(root / "home")]):
+        tried = as_uid(intruder_uid, *argv)
+        assert tried.returncode != 0, argv
+        assert "Permission denied" in tried.stderr
+    assert as_uid(owner_uid, "cat", str(secret)).stdout == "hunter2\n"  # the path is right
+
+
+async def test_host_processes_are_invisible_and_unsignalable(sandboxes):
+    sandbox = await sandboxes("signaller")
+    uid = uid_of(sandbox.init_pid)
+    # The worst case: a host process of the sandbox's own uid, which a shared pid
+    # namespace would let the sandbox signal.
+    bystander = await asyncio.create_subprocess_exec(
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "sleep", "300")
+    try:
+        listed = await sandbox.exec(
+            "for p in /proc/[0-9]*; do echo ${p#/proc/} $(tr '\\0' ' ' < $p/cmdline); done",
+            timeout_s=10)
+        pids = {int(line.split()[0]) for line in listed.output.splitlines()}
+        assert bystander.pid not in pids
+        assert os.getpid() not in pids
+        assert "sleep 300" not in listed.output
+        assert "pytest" not in listed.output
+        assert max(pids) < 100, listed.output  # the container's own pid namespace
+        killed = await sandbox.exec(f"kill -KILL {bystander.pid}; kill -KILL -1", timeout_s=10)
+        assert "No such process" in killed.output
+        with pytest.raises(TimeoutError):  # it would have exited at once
+            await asyncio.wait_for(asyncio.shield(bystander.wait()), 0.5)
+    finally:
+        bystander.kill()
+        await bystander.wait()
+
+
+async def test_pids_exhaustion_stays_in_its_sandbox(sandboxes):
+    forker, neighbour = await sandboxes("forker", max_pids=32), await sandboxes("neighbour")
+    bomb = await forker.exec("for i in $(seq 100); do sleep 300 & done", timeout_s=30)
+    assert "Cannot fork" in bomb.output
+    num_forker = len(forker.cgroup.pids())
+    assert 20 < num_forker <= 32
+    spawned = await neighbour.exec(
+        "for i in $(seq 40); do sleep 0.2 & done; wait; echo spawned 40", timeout_s=30)
+    assert spawned.exit_code == 0, spawned.output
+    assert spawned.output == "spawned 40\n"
+
+
+async def test_inotify_exhaustion_stays_with_its_uid(sandboxes):
+    hog, neighbour = await sandboxes("hog"), await sandboxes("neighbour")
+    limit = int(await asyncio.to_thread(
+        Path("/proc/sys/fs/inotify/max_user_instances").read_text))
+    holding = await hog.exec(
+        f"{python_command(_INOTIFY_HOG, 'hold')} > /tmp/held 2>&1 & "
+        "while [ ! -s /tmp/held ]; do sleep 0.05; done; cat /tmp/held", timeout_s=30)
+    num_held, reason = holding.output.split(maxsplit=1)
+    assert 0 < int(num_held) <= limit
+    assert reason.strip() == "Too many open files"
+    again = await hog.exec(python_command(_INOTIFY_HOG), timeout_s=30)
+    assert again.output.split()[0] == "0"  # its uid's instances are used up
+    other = await neighbour.exec(python_command(_INOTIFY_HOG), timeout_s=30)
+    assert int(other.output.split()[0]) > limit // 2, other.output
+
+
+async def test_memory_backed_dirs_fill_up_at_their_cap(sandboxes):
+    """/dev/shm and disposable paths are tmpfs of `tmp_size_bytes` each, charged to the
+    sandbox: filling one fails there, as a full workspace does in its own filesystem."""
+    sandbox = await sandboxes("filler", disposable=("/scratch",), tmp_size_bytes=16 * MIB)
+    for directory in ("/dev/shm", "/scratch"):
+        filled = await sandbox.exec(
+            f"dd if=/dev/zero of={directory}/fill bs=1M count=64 2>&1; "
+            f"du -k {directory}/fill", timeout_s=30)
+        assert "No space left on device" in filled.output, filled.output
+        assert int(filled.output.split()[-2]) <= 16 * 1024
+        await sandbox.exec(f"rm {directory}/fill", timeout_s=10)
+
+
+WRITE_TARGETS = ["/tenon-escape", "/etc/tenon-escape", "/etc/passwd", "/etc/hosts",
+                 "/usr/bin/tenon-escape", "/var/tmp/tenon-escape", "/root/tenon-escape",
+                 "/opt/tenon-escape", "/run/tenon-escape", "/dev/tenon-escape",
+                 "/sys/fs/cgroup/tenon-escape", "/proc/sys/kernel/hostname"]
+
+
+async def test_writes_outside_the_persistent_dirs_fail(sandboxes):
+    sandbox = await sandboxes("writer")
+    for path in WRITE_TARGETS:
+        tried = await sandbox.exec(f"echo x >> {path}", timeout_s=10)
+        assert tried.exit_code != 0, path
+        assert ("Read-only file system" in tried.output
+                or "Permission denied" in tried.output), tried.output
+    kept = await sandbox.exec("touch /workspace/w /home/user/h /tmp/t && echo ok", timeout_s=10)
+    assert kept.output == "ok\n"
+    assert sandbox.leftover_state() == []
