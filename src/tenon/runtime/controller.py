@@ -491,7 +491,7 @@ class Runtime:
                              sandbox_id=action.gate_id, num_kills=oom_kills)
         if not outcome.fails_attempt and self.spec.use_residency:
             self.boundary.after_action(state, sandbox, last_usage=idle_bytes)
-        if not outcome.fails_attempt:
+        if not outcome.fails_attempt and not state.closed:  # a closed agent has no record
             # before any teardown of this boundary runs: a crash later restores by it
             checked = self.spec.use_residency
             self._recovery.note_action_done(
