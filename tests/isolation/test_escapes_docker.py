@@ -48,6 +48,14 @@ for host, port in targets:
         print(host, port, type(exc).__name__)
 """
 
+_FETCH = """
+import sys, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
 # Opens inotify instances until the kernel refuses, says how many, then holds them.
 _INOTIFY_HOG = """
 import ctypes, os, sys, time
@@ -70,8 +78,25 @@ def python_command(code: str, *args: object) -> str:
     return f'python3 -c "$(echo {encoded} | base64 -d)" {" ".join(map(str, args))}'
 
 
+@pytest.fixture(scope="module")
+def sandbox_network_restored() -> Iterator[None]:
+    """Removes the sandboxes' Docker network afterwards if these tests made it."""
+    import docker.errors
+
+    from tenon.sandbox.docker import SANDBOX_NETWORK, connect
+
+    client = connect(timeout_s=30)
+    existed = bool(client.networks.list(names=[SANDBOX_NETWORK]))
+    yield
+    if not existed:
+        for network in client.networks.list(names=[SANDBOX_NETWORK]):
+            with contextlib.suppress(docker.errors.APIError):  # in use by someone else
+                network.remove()
+    client.close()
+
+
 @pytest.fixture
-def backend() -> Iterator[Any]:
+def backend(sandbox_network_restored: None) -> Iterator[Any]:
     import docker.errors
 
     from tenon.errors import BackendUnavailable
@@ -184,6 +209,28 @@ async def test_bridge_reaches_host_services_on_all_addresses_only(sandboxes):
     assert len(connected) == 1, probe.output
     assert connected[0].split()[1] == str(any_port)
     assert not connected[0].startswith("127.")
+
+
+async def test_sandboxes_with_network_cannot_reach_each_other(sandboxes):
+    from tenon.sandbox.docker import SANDBOX_NETWORK
+
+    server, client = await sandboxes("server", network=True), await sandboxes("client",
+                                                                               network=True)
+    serve = await server.exec(
+        "python3 -m http.server 8080 >/dev/null 2>&1 & "
+        "for i in $(seq 100); do python3 -c \"import socket; "
+        "socket.create_connection(('127.0.0.1', 8080))\" 2>/dev/null && break; sleep 0.1; "
+        "done; echo serving", timeout_s=30)
+    assert serve.output == "serving\n"
+    await asyncio.to_thread(server.container.reload)
+    address = server.container.attrs["NetworkSettings"]["Networks"][SANDBOX_NETWORK]["IPAddress"]
+    fetch = python_command(_FETCH, f"http://{address}:8080/")
+    tried = await client.exec(fetch, timeout_s=30)
+    assert "Directory listing" not in tried.output
+    assert tried.output.startswith(("TimeoutError", "URLError")), tried.output
+    # The same request from the server's own network namespace is answered.
+    itself = await server.exec(fetch, timeout_s=30)
+    assert "Directory listing" in itself.output
 
 
 async def test_another_agents_workspace_is_unreadable(sandboxes, store):

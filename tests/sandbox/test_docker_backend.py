@@ -204,6 +204,31 @@ async def test_workspace_writes_are_visible_on_host(env):
     assert (workspace / "workspace" / "note.txt").exists()
 
 
+async def test_runs_as_its_own_uid_which_owns_the_root_and_is_freed_at_destroy(env):
+    from tenon.sandbox.uids import UidAllocator
+
+    backend, workspace = env
+    (workspace / "workspace").mkdir()
+    (workspace / "workspace" / "old").write_text("root's\n")  # owned by root until adopted
+    sandbox = await backend.materialize(make_spec(workspace))
+    uid = sandbox.host_uid
+    assert uid in UidAllocator()
+    assert uid in backend.uids.held()
+    result = await sandbox.exec("sleep 30 & id -u; id -g; cat old; echo new >> old", timeout_s=10)
+    assert result.output == f"{uid}\n{uid}\nroot's\n"
+    (leftover,) = sandbox.processes()
+    assert os.stat(f"/proc/{leftover.host_pid}").st_uid == uid
+    assert os.stat(f"/proc/{sandbox.init_pid}").st_uid == uid  # docker-init too
+    for path in (workspace, *(workspace / sub for sub in ("workspace", "home", "tmp"))):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, uid, 0o700), path
+    await sandbox.destroy()
+    assert uid not in backend.uids.held()
+    rebuilt = await backend.materialize(make_spec(workspace))
+    assert rebuilt.host_uid == uid  # its previous uid was free: no chown needed
+    await rebuilt.destroy()
+
+
 async def test_root_is_read_only_and_persistent_dirs_are_not_leftovers(env):
     backend, workspace = env
     sandbox = await backend.materialize(make_spec(workspace, disposable=("/scratch",)))

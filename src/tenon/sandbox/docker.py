@@ -60,6 +60,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SANDBOX_LABEL = "tenon.sandbox"
+# Sandboxes with network join this bridge, made on first use and left in place (like
+# docker0). On it a container reaches the outside (NAT) and host services bound to every
+# address (through the gateway), but not the host's loopback and, unlike on Docker's default
+# bridge, not another container: inter-container traffic is dropped (enable_icc=false).
+SANDBOX_NETWORK = "tenon-sandboxes"
+_ICC_OPTION = "com.docker.network.bridge.enable_icc"
 DOMAIN_LABEL = "tenon.domain"
 _PAUSED_REFUSAL = "cannot exec in a paused container"
 _HELD_POLL_S = 0.02
@@ -152,7 +158,7 @@ def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
         # Nothing outside the persistent, disposable, /dev/shm and /dev/mqueue mounts is
         # writable; Docker then binds /etc/hosts, /etc/hostname, /etc/resolv.conf read-only.
         "read_only": True,
-        "network_mode": "bridge" if spec.network else "none",
+        "network_mode": SANDBOX_NETWORK if spec.network else "none",
         "volumes": volumes,
         "working_dir": WORKSPACE,
         "tmpfs": tmpfs,
@@ -163,6 +169,23 @@ def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
         "user": f"{uid}:{uid}",
         "environment": {"HOME": HOME_DIR, **spec.env},
     }
+
+
+def ensure_sandbox_network(client: docker.DockerClient) -> None:
+    """Create `SANDBOX_NETWORK` unless it exists; SandboxError if one of that name lets
+    containers talk to each other."""
+    try:
+        network = client.networks.get(SANDBOX_NETWORK)
+    except docker.errors.NotFound:
+        try:
+            client.networks.create(SANDBOX_NETWORK, driver="bridge", check_duplicate=True,
+                                   options={_ICC_OPTION: "false"})
+            return
+        except docker.errors.APIError:  # made meanwhile by another controller: check it
+            network = client.networks.get(SANDBOX_NETWORK)
+    if (network.attrs.get("Options") or {}).get(_ICC_OPTION) != "false":
+        raise SandboxError(f"Docker network {SANDBOX_NETWORK} lets containers reach each "
+                           f"other; run: docker network rm {SANDBOX_NETWORK}")
 
 
 def _container_cgroup(init_pid: int, domain_name: str, fallback: str) -> str:
@@ -271,6 +294,15 @@ class DockerBackend:
     def _start(self, client: docker.DockerClient, spec: SandboxSpec, uid: int,
                start: float) -> DockerSandbox:
         options = container_options(spec, uid)
+        if spec.network:
+            try:
+                ensure_sandbox_network(client)
+            except SandboxError:
+                raise
+            except docker.errors.APIError as exc:
+                raise SandboxError(f"cannot make network {SANDBOX_NETWORK}: {exc}") from exc
+            except Exception as exc:  # requests' ConnectionError and friends
+                raise BackendUnavailable(f"Docker Engine failed ({exc}); {_DAEMON_FIX}") from exc
         try:
             # create + start, not run: run would try to pull a missing image.
             container = client.containers.create(
