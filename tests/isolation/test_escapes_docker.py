@@ -257,6 +257,15 @@ async def test_another_agents_workspace_is_unreadable(sandboxes, store):
     assert as_uid(owner_uid, "cat", str(secret)).stdout == "hunter2\n"  # the path is right
 
 
+async def test_ipc_objects_stay_in_their_sandbox(sandboxes):
+    maker, neighbour = await sandboxes("maker"), await sandboxes("neighbour")
+    made = await maker.exec("ipcmk -M 4096 && ipcmk -Q && ipcmk -S 1 && touch /dev/mqueue/q "
+                            "&& echo x > /dev/shm/seg && ipcs | grep -c 0x", timeout_s=10)
+    assert made.output.splitlines()[-1] == "3", made.output
+    seen = await neighbour.exec("ipcs | grep -c 0x; ls -A /dev/shm /dev/mqueue", timeout_s=10)
+    assert seen.output.split() == ["0", "/dev/mqueue:", "/dev/shm:"]
+
+
 async def test_host_processes_are_invisible_and_unsignalable(sandboxes):
     sandbox = await sandboxes("signaller")
     uid = uid_of(sandbox.init_pid)

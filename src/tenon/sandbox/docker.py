@@ -162,6 +162,10 @@ def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
         "volumes": volumes,
         "working_dir": WORKSPACE,
         "tmpfs": tmpfs,
+        # Its own IPC namespace, SysV objects, POSIX queues (/dev/mqueue) and /dev/shm (a
+        # tmpfs of shm_size): never joinable by another container, whatever the daemon's
+        # default-ipc-mode.
+        "ipc_mode": "private",
         "shm_size": spec.tmp_size_bytes,
         "pids_limit": spec.max_pids,
         "cap_drop": ["ALL"],
