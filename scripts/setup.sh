@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: install only what is missing, so a warm machine starts fast.
-pkgs=(bubblewrap mmdebstrap docker.io util-linux iproute2 procps ca-certificates e2fsprogs)
+pkgs=(bubblewrap mmdebstrap docker.io util-linux iproute2 procps ca-certificates e2fsprogs gcc libseccomp-dev slirp4netns)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
@@ -52,6 +52,10 @@ if ! timeout 10 docker info >/dev/null 2>&1; then
   done
   timeout 10 docker info >/dev/null 2>&1 || { echo "setup: dockerd did not come up; see /var/log/tenon-dockerd.log" >&2; exit 1; }
 fi
+
+# The process backend's seccomp helper (static; its filter generated with libseccomp).
+log "building the seccomp helper"
+.venv/bin/python -m tenon.sandbox.seccomp build >/dev/null
 
 # Base image: built locally from Debian packages, never pulled.
 log "ensuring the base image"

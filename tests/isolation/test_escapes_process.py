@@ -108,3 +108,74 @@ async def test_one_sandbox_uid_cannot_read_another_sandboxs_files(sandboxes):
     seen = await run(other, f"cat {root}/workspace/.env 2>&1; ls / ")
     assert "hunter2" not in seen  # and inside its sandbox the path does not even exist
     assert "No such file" in seen
+
+
+# Each tries a syscall Docker's default profile denies to a container without capabilities,
+# with arguments that, without the filter, make most of them succeed (unshare, personality)
+# or fail otherwise (EINVAL, EFAULT, ENOSYS) for an unprivileged uid: EPERM for all is the
+# filter's answer.
+_BLOCKED = {
+    "unshare": (272, 0x10000000),  # CLONE_NEWUSER: allowed to an unprivileged user otherwise
+    "setns": (308, 0, 0),
+    "keyctl": (250, 0, 0),  # KEYCTL_GET_KEYRING_ID
+    "add_key": (248, 0, 0, 0, 0, 0),
+    "bpf": (321, 0, 0, 0),
+    "perf_event_open": (298, 0, 0, -1, -1, 0),
+    "userfaultfd": (323, 0),
+    "mount": (165, 0, 0, 0, 0, 0),
+    "umount2": (166, 0, 0),
+    "pivot_root": (155, 0, 0),
+    "kexec_load": (246, 0, 0, 0, 0),
+    "init_module": (175, 0, 0, 0),
+    "open_by_handle_at": (304, 0, 0, 0),
+    "fanotify_init": (300, 0, 0),
+    "syslog": (103, 3, 0, 0),  # SYSLOG_ACTION_READ_ALL
+    "personality": (135, 0x0040000),  # ADDR_NO_RANDOMIZE
+}
+_TRY_SYSCALLS = (
+    "python3 -c \"import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "for name, nr, *args in [" + ", ".join(
+        f"('{name}', {', '.join(map(str, call))})" for name, call in _BLOCKED.items()) + "]:\n"
+    "    ctypes.set_errno(0)\n"
+    "    rc = libc.syscall(nr, *[ctypes.c_long(a) for a in args])\n"
+    "    print(name, rc, ctypes.get_errno())\n"
+    "\""
+)
+
+
+async def test_the_default_seccomp_filter_denies_what_docker_denies(sandboxes):
+    import errno
+
+    sandbox = await sandboxes("a")
+    output = await run(sandbox, _TRY_SYSCALLS)
+    results = {line.split()[0]: (int(line.split()[1]), int(line.split()[2]))
+               for line in output.splitlines()}
+    assert sorted(results) == sorted(_BLOCKED), output
+    for name, (rc, err) in results.items():
+        assert (rc, err) == (-1, errno.EPERM), f"{name}: {output}"
+
+
+async def test_every_sandbox_process_runs_under_the_filter(sandboxes):
+    sandbox = await sandboxes("a")
+    status = await run(sandbox, "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; "
+                                "grep '^Seccomp:' /proc/1/status /proc/2/status")
+    assert "Seccomp:\t2" in status  # the action (filter mode)
+    assert "NoNewPrivs:\t1" in status
+    assert "/proc/2/status:Seccomp:\t2" in status  # the init
+    namespaces = await run(sandbox, "unshare -U true 2>&1; unshare -n true 2>&1; echo end")
+    assert namespaces.count("Operation not permitted") == 2
+
+
+async def test_ordinary_work_still_runs_under_the_filter(sandboxes):
+    sandbox = await sandboxes("a")
+    script = ("import subprocess, threading, socket, os, tempfile, multiprocessing\n"
+              "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+              "print(subprocess.run(['echo', 'child'], capture_output=True, text=True)"
+              ".stdout.strip())\n"
+              "a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())\n"
+              "with multiprocessing.Pool(2) as pool: print(sum(pool.map(abs, [-1, -2])))\n"
+              "print(os.uname().sysname)\n")
+    result = await sandbox.exec(f"python3 -c \"{script}\"", timeout_s=30)
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == ["thread", "child", "pair", "3", "Linux"]

@@ -11,7 +11,9 @@ sysctls or read /proc/kpage*); inside it appears as uid/gid 1000. The persistent
 owned by that uid and 0700; an agent gets its previous uid back when it is free, so a
 rebuild changes no owner. Actions enter the
 namespaces with `nsenter`, as fresh processes placed in the sandbox cgroup before they
-exec anything.
+exec anything. Every sandbox process (the init and each action, right after nsenter joined
+the namespaces) starts through the seccomp helper (`sandbox.seccomp`), which loads the
+default filter and execs the command.
 
 `--die-with-parent` is set on purpose: a controller restart recovers agents from their
 committed records and rematerializes sandboxes, so a sandbox outliving the controller
@@ -42,6 +44,7 @@ from tenon.errors import (
 )
 from tenon.host import nsinspect, procs
 from tenon.host.domain import SandboxCgroup, WorkloadDomain
+from tenon.sandbox import seccomp
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
     OutputCapture,
@@ -117,6 +120,7 @@ class ProcessBackend:
         except (TenonError, OSError) as exc:
             problems.append(str(exc))
         problems.extend(self.uids.check())
+        problems.extend(seccomp.check())
         for controller in ("memory", "pids", "freezer"):
             if controller not in self.domain.layout.mounts and not (
                 controller == "freezer" and self.domain.layout.version.value == "v2"
@@ -181,6 +185,7 @@ class ProcessBackend:
             "--hostname", "sandbox", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--cap-drop", "ALL",
             "--ro-bind", str(self._stage / "root"), "/",
+            "--ro-bind", str(seccomp.HELPER_DIR), seccomp.SANDBOX_HELPER_DIR,
             *persistent,
             "--proc", "/proc", "--dev", "/dev",
             "--size", size, "--tmpfs", nsinspect.SHM_DIR, "--mqueue", nsinspect.MQUEUE_DIR,
@@ -189,13 +194,16 @@ class ProcessBackend:
             "--chdir", "/workspace", "--clearenv",
             "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", HOME_DIR,
             "--info-fd", str(info_fd),
-            "--", "/bin/sh", "-c", _INIT_SH,
+            "--", seccomp.SANDBOX_HELPER, "/bin/sh", "-c", _INIT_SH,
         ]
 
     async def materialize(self, spec: SandboxSpec) -> ProcessSandbox:
         tools = self._require_tools()
+        seccomp.require()
         rootfs = image_rootfs(spec.image, self.state_dir)
-        for point in (*PERSISTENT_MOUNTS.values(), *spec.disposable):  # bwrap's mount points
+        # bwrap's mount points (the rootfs is bound read-only, so they must exist in it)
+        for point in (*PERSISTENT_MOUNTS.values(), *spec.disposable,
+                      seccomp.SANDBOX_HELPER_DIR):
             (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self._ensure_stage()
         workspace = spec.workspace.resolve()
@@ -351,7 +359,7 @@ class ProcessSandbox:
             self._tools["setpriv"], "--no-new-privs", "--", self._tools["nsenter"],
             "-t", str(self.child_pid), "-U", "-m", "-p", "-n", "-u", "-i", "-C",
             "-r", "--wdns=/workspace", "-S", str(SANDBOX_UID), "-G", str(SANDBOX_UID),
-            "--", "/bin/sh", "-c", command,
+            "--", seccomp.SANDBOX_HELPER, "/bin/sh", "-c", command,
         ])
         start = time.perf_counter()
         out_r, out_w = os.pipe()

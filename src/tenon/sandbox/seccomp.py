@@ -1,0 +1,105 @@
+"""The default seccomp filter of process-backend sandboxes: a small static helper.
+
+`seccomp_exec.c` (beside this module) loads the filter and execs its arguments; it is the
+first program of every sandbox process (the init and each action, after nsenter). The
+filter is generated once with Debian's libseccomp (the same file compiled as a generator)
+and compiled into the static helper, built at setup into `HELPER` and bound read-only into
+each sandbox at `SANDBOX_HELPER`.
+
+    python -m tenon.sandbox.seccomp build    # needs gcc and libseccomp-dev
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tenon.errors import BackendUnavailable
+
+SOURCE = Path(__file__).with_name("seccomp_exec.c")
+HELPER_DIR = Path("/usr/local/lib/tenon")
+HELPER_NAME = "seccomp-exec"
+HELPER = HELPER_DIR / HELPER_NAME
+SANDBOX_HELPER_DIR = "/usr/lib/tenon"  # where sandboxes see HELPER_DIR (read-only)
+SANDBOX_HELPER = f"{SANDBOX_HELPER_DIR}/{HELPER_NAME}"
+_BUILD_FIX = "run: python -m tenon.sandbox.seccomp build (needs gcc and libseccomp-dev)"
+
+
+def _source_digest() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+def _stamp(helper: Path) -> Path:
+    return helper.with_name(helper.name + ".sha256")
+
+
+def check(helper: Path = HELPER) -> list[str]:
+    """Problems with the installed helper: missing, or built from another source."""
+    if not os.access(helper, os.X_OK):
+        return [f"the seccomp helper {helper} is missing; {_BUILD_FIX}"]
+    try:
+        built_from = _stamp(helper).read_text().strip()
+    except FileNotFoundError:
+        built_from = ""
+    if built_from != _source_digest():
+        return [f"the seccomp helper {helper} was built from another source; {_BUILD_FIX}"]
+    return []
+
+
+def require(helper: Path = HELPER) -> None:
+    if problems := check(helper):
+        raise BackendUnavailable(problems[0])
+
+
+def _compile(compiler: str, output: Path, *flags: str) -> None:
+    result = subprocess.run([compiler, "-O2", "-Wall", "-o", str(output), *flags, str(SOURCE)]
+                            + (["-lseccomp"] if "-DTENON_SECCOMP_GENERATE" in flags else []),
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BackendUnavailable(f"building the seccomp helper failed (apt-get install gcc "
+                                 f"libseccomp-dev?): {result.stderr.strip()}")
+
+
+def build(helper: Path = HELPER) -> Path:
+    """Generate the filter, compile it into the static helper, and install the helper
+    (atomically) with the digest of its source."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise BackendUnavailable("gcc is missing; run: apt-get install gcc libseccomp-dev")
+    helper.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=helper.parent) as tmp:
+        work = Path(tmp)
+        _compile(compiler, work / "generate", "-DTENON_SECCOMP_GENERATE")
+        bpf = subprocess.run([str(work / "generate")], capture_output=True, check=True).stdout
+        if not bpf or len(bpf) % 8:  # whole struct sock_filter entries
+            raise BackendUnavailable(f"the seccomp generator wrote {len(bpf)} bytes of BPF")
+        body = ",".join(str(byte) for byte in bpf)
+        (work / "tenon_seccomp_bpf.h").write_text(
+            f"static const unsigned char tenon_bpf[] __attribute__((aligned(8))) = {{{body}}};\n")
+        built = work / helper.name
+        _compile(compiler, built, "-static", f"-I{work}")
+        built.chmod(0o755)
+        os.replace(built, helper)
+    _stamp(helper).write_text(_source_digest() + "\n")
+    return helper
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["build"]:
+        print("usage: python -m tenon.sandbox.seccomp build", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except BackendUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
