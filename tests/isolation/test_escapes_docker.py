@@ -231,6 +231,8 @@ async def test_sandboxes_with_network_cannot_reach_each_other(sandboxes):
     # The same request from the server's own network namespace is answered.
     itself = await server.exec(fetch, timeout_s=30)
     assert "Directory listing" in itself.output
+    assert client.leftover_state() == []
+    assert "tcp listener 0.0.0.0:8080" in (server.leftover_state() or [])
 
 
 async def test_another_agents_workspace_is_unreadable(sandboxes, store):

@@ -339,6 +339,7 @@ class DockerBackend:
             init_pids = frozenset(cgroup.pids())
             driver = container.attrs["GraphDriver"]
             upper = Path(driver["Data"]["UpperDir"]) if driver["Name"] == "overlay2" else None
+            own_state = _own_namespace_state(init_pid, spec.sandbox_id)
         except BaseException:
             with contextlib.suppress(Exception):
                 container.remove(force=True)
@@ -346,7 +347,7 @@ class DockerBackend:
         ready_s = time.perf_counter() - start
         logger.info("sandbox %s ready in %.3f s (cgroup %s)", spec.sandbox_id, ready_s, relative)
         parts = (client, container, cgroup, init_pid, init_pids, upper)
-        return DockerSandbox(spec, relative, *parts, ready_s, uid, self.uids)
+        return DockerSandbox(spec, relative, *parts, ready_s, uid, self.uids, own_state)
 
 
 @dataclass(eq=False)
@@ -364,6 +365,9 @@ class DockerSandbox:
     ready_s: float  # create -> first successful exec
     host_uid: int  # held from `uids` until the container is gone
     uids: UidAllocator
+    # What the namespaces held before any action ran (Docker's embedded DNS server listens
+    # on 127.0.0.11 in every container on a user-defined network): never an action's state.
+    own_state: frozenset[str]
     _destroyed: bool = False
 
     async def exec(
@@ -486,7 +490,8 @@ class DockerSandbox:
                 changed = _walk_upper(self.upper_dir)
             else:
                 changed = [(str(c["Path"]), c["Kind"] == 0) for c in self.container.diff() or []]
-            in_namespaces = nsinspect.namespace_state(self.init_pid)
+            in_namespaces = [item for item in nsinspect.namespace_state(self.init_pid)
+                             if item not in self.own_state]
         except Exception as exc:
             logger.warning("sandbox %s: cannot list leftover state: %s", sandbox_id, exc)
             return None
@@ -536,6 +541,16 @@ def _walk_upper(upper: Path) -> list[tuple[str, bool]]:
         found += [(f"{base.rstrip('/')}/{name}", True) for name in dirs]
         found += [(f"{base.rstrip('/')}/{name}", False) for name in files]
     return found
+
+
+def _own_namespace_state(init_pid: int, sandbox_id: str) -> frozenset[str]:
+    """The namespaces' state before any action; empty when it cannot be read (the
+    leftover check then reports Docker's own sockets too: resident-only, never unsafe)."""
+    try:
+        return frozenset(nsinspect.namespace_state(init_pid))
+    except Exception as exc:
+        logger.warning("sandbox %s: cannot read its namespaces at start: %s", sandbox_id, exc)
+        return frozenset()
 
 
 def _mount_table(pid: int) -> list[tuple[str, bool, str, str]]:
