@@ -209,6 +209,9 @@ def _kill_one(config: FaultConfig, config_path: Path, number: int, target: str,
                                                or now - started > config.phase_wait_s):
                 deadline = now + rng.uniform(0.0, MAX_DELAY_S[target])
             if deadline is not None and now >= deadline:
+                if target not in tracker.active() and now - started <= config.phase_wait_s:
+                    deadline = None  # the phase ended before the chosen point: aim again
+                    continue
                 os.kill(child.pid, signal.SIGKILL)
                 break
             time.sleep(POLL_S)
