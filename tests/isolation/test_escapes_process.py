@@ -7,12 +7,21 @@ tests/runtime/test_workspace_limits.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import signal
+import socket
 import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tenon.errors import SandboxDied
 from tenon.sandbox.process import ProcessSandbox
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups]
@@ -179,3 +188,159 @@ async def test_ordinary_work_still_runs_under_the_filter(sandboxes):
     result = await sandbox.exec(f"python3 -c \"{script}\"", timeout_s=30)
     assert result.exit_code == 0, result.output
     assert result.output.split() == ["thread", "child", "pair", "3", "Linux"]
+
+
+def _connect_script(*targets: tuple[str, int]) -> str:
+    """An action printing, for each (host, port), "host:port connected" or "... refused"."""
+    lines = ["import socket"]
+    for host, port in targets:
+        lines += [
+            "s = socket.socket(); s.settimeout(3)",
+            f"try:\n s.connect(('{host}', {port})); print('{host}:{port} connected', "
+            f"s.recv(16).decode())\nexcept OSError as e: print('{host}:{port} refused', e)",
+        ]
+    return "python3 -c \"" + "\n".join(lines) + "\""
+
+
+@pytest.fixture
+def host_loopback_listener() -> Iterator[int]:
+    """A listener on the host's 127.0.0.1 that greets whoever connects; yields its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                conn.sendall(b"host-secret")
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+# A point-to-point link from the documentation range TEST-NET-2 (RFC 5737): never routed on
+# the internet. TEST-NET-1 (192.0.2.0/24) is not used because some hosts, this project's CI
+# machine among them, number their own uplink from it.
+_TEST_LINK = ("198.51.100.201", "198.51.100.202", 30)
+
+
+def _only_the_default_route_covers(address: str) -> bool:
+    routes = subprocess.run(["ip", "route", "show", "match", address], capture_output=True,
+                            text=True, check=True).stdout.split("\n")
+    local = subprocess.run(["ip", "route", "show", "table", "local", "match", address],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return all(r.startswith("default") for r in routes if r.strip()) and not local
+
+
+@pytest.fixture
+def test_net_listener() -> Iterator[tuple[str, int]]:
+    """A listener in a network namespace of its own, reached from the host through a veth
+    pair numbered from `_TEST_LINK`. Everything is removed after."""
+    if shutil.which("ip") is None:
+        pytest.skip("ip is missing (apt-get install iproute2)")
+    host_address, ns_address, prefix = _TEST_LINK
+    if not all(_only_the_default_route_covers(a) for a in (host_address, ns_address)):
+        pytest.fail(f"{host_address} or {ns_address} is in use on this host; pick another "
+                    f"_TEST_LINK")
+    suffix = uuid.uuid4().hex[:6]
+    netns, host_end, ns_end = f"tenon-test-{suffix}", f"tnh{suffix}", f"tnn{suffix}"
+    ip("netns", "add", netns)
+    try:
+        ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end, "netns", netns)
+        ip("addr", "add", f"{host_address}/{prefix}", "dev", host_end)
+        ip("link", "set", host_end, "up")
+        ip("-n", netns, "addr", "add", f"{ns_address}/{prefix}", "dev", ns_end)
+        ip("-n", netns, "link", "set", ns_end, "up")
+        ip("-n", netns, "link", "set", "lo", "up")
+        server = (f"import socket; s = socket.socket(); s.bind(('{ns_address}', 8081)); "
+                  "s.listen()\nprint('ready', flush=True)\n"
+                  "while True:\n c, _ = s.accept(); c.sendall(b'test-net'); c.close()")
+        with subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", server],
+                              stdout=subprocess.PIPE, text=True) as proc:
+            try:
+                assert proc.stdout is not None
+                assert proc.stdout.readline().strip() == "ready"
+                yield ns_address, 8081
+            finally:
+                proc.kill()
+    finally:
+        subprocess.run(["ip", "link", "del", host_end], check=False, capture_output=True)
+        ip("netns", "del", netns)
+
+
+@pytest.mark.parametrize("network", [False, True])
+async def test_the_hosts_loopback_is_out_of_reach(sandboxes, host_loopback_listener, network):
+    sandbox = await sandboxes("a", network=network)
+    port = host_loopback_listener
+    output = await run(sandbox, _connect_script(("127.0.0.1", port), ("10.0.2.2", port)))
+    assert "host-secret" not in output
+    assert [line.split()[1] for line in output.splitlines()] == ["refused", "refused"], output
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as probe:
+        assert probe.recv(16) == b"host-secret"  # the listener itself answers
+
+
+async def test_outbound_connections_work_with_network_allowed(sandboxes, test_net_listener):
+    host, port = test_net_listener
+    allowed = await sandboxes("allowed", network=True)
+    denied = await sandboxes("denied")
+    reached = await run(allowed, _connect_script(test_net_listener))
+    assert reached.strip() == f"{host}:{port} connected test-net"
+    assert f"{host}:{port} refused" in await run(denied, _connect_script(test_net_listener))
+    assert allowed.processes() == []  # slirp4netns is the backend's, not a leftover
+    assert allowed.leftover_state() == []
+
+
+async def test_each_sandbox_has_its_own_network_namespace(sandboxes):
+    for sandbox in (await sandboxes("a", network=True), await sandboxes("b")):
+        assert (os.readlink(f"/proc/{sandbox.child_pid}/ns/net")
+                != os.readlink("/proc/self/ns/net"))
+
+
+async def test_slirp4netns_is_stopped_at_destroy_and_its_death_is_reported(sandboxes):
+    sandbox = await sandboxes("a", network=True)
+    slirp = sandbox._usernet
+    assert slirp is not None
+    os.kill(slirp.pid, signal.SIGKILL)
+    for _ in range(200):
+        if slirp.exited() is not None:
+            break
+        await asyncio.sleep(0.01)
+    with pytest.raises(SandboxDied, match="slirp4netns"):
+        await sandbox.exec("true", timeout_s=5)
+    other = await sandboxes("b", network=True)
+    other_slirp = other._usernet
+    assert other_slirp is not None
+    await other.destroy()
+    assert other_slirp.exited() is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(other_slirp.pid, 0)
+
+
+async def test_host_processes_can_be_neither_seen_nor_signalled(sandboxes):
+    sandbox = await sandboxes("a")
+    host_sleep = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        output = await run(sandbox, f"ls /proc | grep -cE '^[0-9]+$'; "
+                                    f"kill -9 {host_sleep.pid} 2>&1; kill -9 1 2>&1; "
+                                    f"cat /proc/{host_sleep.pid}/cmdline 2>&1")
+        assert host_sleep.returncode is None  # still alive
+        os.kill(host_sleep.pid, 0)
+    finally:
+        host_sleep.kill()
+        await host_sleep.wait()
+    lines = output.splitlines()
+    assert int(lines[0]) <= 4  # bwrap's pid 1, the init, and this action's shell and ls
+    assert "No such process" in output
+    assert "sleep" not in output.replace(f"kill -9 {host_sleep.pid}", "")

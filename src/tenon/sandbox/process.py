@@ -1,7 +1,8 @@
 """The `process` backend: a bubblewrap namespace tree in its own cgroup, no daemon.
 
-Each sandbox is one `bwrap` tree (new user, pid, mount, uts, ipc, cgroup and, unless
-asked otherwise, net namespaces) over the base image's rootfs mounted read-only, with
+Each sandbox is one `bwrap` tree (new user, pid, mount, uts, ipc, cgroup and net
+namespaces; outbound networking, when the spec allows it, through slirp4netns:
+`sandbox.usernet`) over the base image's rootfs mounted read-only, with
 the agent's persistent directories bound read-write at /workspace, HOME (/home/user) and
 /tmp, and size-capped tmpfs at /dev/shm and at each path declared disposable.
 bwrap runs as an unprivileged *host* uid of its own (`sandbox.uids`: one per live sandbox,
@@ -57,6 +58,7 @@ from tenon.sandbox._exec import (
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.uids import UidAllocator, shared_allocator
+from tenon.sandbox.usernet import NAMESERVER, UserNet
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +98,18 @@ class ProcessBackend:
         self.state_dir = state_dir
         self.uids = uids or shared_allocator()
         self._tools = _tools()
+        self._slirp4netns = shutil.which("slirp4netns")
         self._stage = state_dir / "mnt"
+        # Bound over /etc/resolv.conf when the network is allowed (slirp4netns's forwarder).
+        self._resolv_conf = state_dir / "net" / "resolv.conf"
 
     def _ensure_stage(self) -> None:
         for point in ("root", "workspace"):
             (self._stage / point).mkdir(parents=True, exist_ok=True)
+        if not self._resolv_conf.exists():
+            self._resolv_conf.parent.mkdir(mode=0o755, exist_ok=True)
+            self._resolv_conf.write_text(f"nameserver {NAMESERVER}\n")
+            self._resolv_conf.chmod(0o644)
         for d in (self._stage, *self._stage.parents):
             if not d.stat().st_mode & 0o001:
                 raise BackendUnavailable(
@@ -121,6 +130,9 @@ class ProcessBackend:
             problems.append(str(exc))
         problems.extend(self.uids.check())
         problems.extend(seccomp.check())
+        if self._slirp4netns is None:
+            problems.append("slirp4netns is missing (sandboxes with network=True need it); "
+                            "run: apt-get install slirp4netns")
         for controller in ("memory", "pids", "freezer"):
             if controller not in self.domain.layout.mounts and not (
                 controller == "freezer" and self.domain.layout.version.value == "v2"
@@ -180,12 +192,14 @@ class ProcessBackend:
             tools["setpriv"], f"--reuid={host_uid}", f"--regid={host_uid}",
             "--clear-groups", "--", tools["bwrap"],
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup", *(() if spec.network else ("--unshare-net",)),
+            "--unshare-cgroup", "--unshare-net",
             "--disable-userns", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--cap-drop", "ALL",
             "--ro-bind", str(self._stage / "root"), "/",
             "--ro-bind", str(seccomp.HELPER_DIR), seccomp.SANDBOX_HELPER_DIR,
+            *(("--ro-bind", str(self._resolv_conf), "/etc/resolv.conf") if spec.network
+              else ()),
             *persistent,
             "--proc", "/proc", "--dev", "/dev",
             "--size", size, "--tmpfs", nsinspect.SHM_DIR, "--mqueue", nsinspect.MQUEUE_DIR,
@@ -200,6 +214,9 @@ class ProcessBackend:
     async def materialize(self, spec: SandboxSpec) -> ProcessSandbox:
         tools = self._require_tools()
         seccomp.require()
+        if spec.network and self._slirp4netns is None:
+            raise BackendUnavailable("slirp4netns is missing (network=True needs it); "
+                                     "run: apt-get install slirp4netns")
         rootfs = image_rootfs(spec.image, self.state_dir)
         # bwrap's mount points (the rootfs is bound read-only, so they must exist in it)
         for point in (*PERSISTENT_MOUNTS.values(), *spec.disposable,
@@ -256,8 +273,14 @@ class ProcessBackend:
             await wait_ready(out_r, proc, _READY, READY_TIMEOUT_S)
             child_pid = read_child_pid(info_r)
             init_pid = _init_pid(cgroup, child_pid)
-            if os.readlink(f"/proc/{child_pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
-                raise SandboxError(f"sandbox {spec.sandbox_id} did not get its own namespaces")
+            for ns in ("mnt", "net"):
+                if os.readlink(f"/proc/{child_pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}"):
+                    raise SandboxError(f"sandbox {spec.sandbox_id} did not get its own "
+                                       f"{ns} namespace")
+            usernet = None
+            if spec.network and self._slirp4netns is not None:
+                usernet = await UserNet.start(self._slirp4netns, tools["setpriv"], child_pid,
+                                              host_uid, cgroup.procs_files())
         except BaseException:
             os.close(out_r)
             cgroup.kill_all()
@@ -268,7 +291,7 @@ class ProcessBackend:
         logger.debug("sandbox %s ready: bwrap %d, pid1 %d, init %d",
                      spec.sandbox_id, proc.pid, child_pid, init_pid)
         return ProcessSandbox(spec, cgroup, proc, child_pid, init_pid, out_r, tools,
-                              host_uid, self.uids)
+                              host_uid, self.uids, usernet)
 
 
 async def _wait_running(proc: asyncio.subprocess.Process, cgroup: SandboxCgroup,
@@ -316,7 +339,7 @@ class ProcessSandbox:
     def __init__(self, spec: SandboxSpec, cgroup: SandboxCgroup,
                  proc: asyncio.subprocess.Process, child_pid: int, init_pid: int,
                  out_fd: int, tools: dict[str, str], host_uid: int,
-                 uids: UidAllocator) -> None:
+                 uids: UidAllocator, usernet: UserNet | None = None) -> None:
         self._spec = spec
         self.cgroup = cgroup
         self._proc = proc  # outer bwrap (host pid ns)
@@ -326,6 +349,7 @@ class ProcessSandbox:
         self._tools = tools
         self.host_uid = host_uid  # held from `uids` until destroy has killed every process
         self._uids = uids
+        self._usernet = usernet  # slirp4netns, when the network is allowed
         self._destroyed = False
 
     @property
@@ -338,7 +362,8 @@ class ProcessSandbox:
 
     @property
     def _own_pids(self) -> set[int]:
-        return {self._proc.pid, self.child_pid, self.init_pid}
+        own = {self._proc.pid, self.child_pid, self.init_pid}
+        return own if self._usernet is None else {*own, self._usernet.pid}
 
     def _ensure_usable(self) -> None:
         if self._destroyed:
@@ -346,6 +371,10 @@ class ProcessSandbox:
         if self._proc.returncode is not None or not procs.is_alive(self.init_pid):
             raise SandboxDied(f"sandbox {self._spec.sandbox_id}: its init exited "
                               f"(bwrap exit code {self._proc.returncode}); rematerialize it")
+        if self._usernet is not None and (code := self._usernet.exited()) is not None:
+            raise SandboxDied(f"sandbox {self._spec.sandbox_id}: its network (slirp4netns) "
+                              f"exited with code {code}: {self._usernet.log_tail()}; "
+                              f"rematerialize it")
         if self.cgroup.is_frozen():
             raise SandboxFrozen(f"sandbox {self._spec.sandbox_id} is frozen by the gate")
 
@@ -438,6 +467,9 @@ class ProcessSandbox:
                 os.kill(self.child_pid, signal.SIGKILL)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._proc.wait(), 2.0)
+            if self._usernet is not None:
+                await self._usernet.stop()
+                self._usernet.close()
             await asyncio.to_thread(self.cgroup.kill_all)
             await self._proc.wait()
             await asyncio.to_thread(self.cgroup.remove)
