@@ -182,9 +182,14 @@ async def test_sandboxes_run_as_distinct_non_root_uids(sandboxes):
     uids = {uid_of(first.init_pid), uid_of(second.init_pid)}
     assert len(uids) == 2
     assert 0 not in uids
-    result = await first.exec("id -u; cat /proc/self/status | grep CapEff", timeout_s=10)
-    assert result.output.split()[0] == str(uid_of(first.init_pid))
-    assert result.output.split()[-1] == "0000000000000000"  # no capability at all
+    result = await first.exec("id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status",
+                              timeout_s=10)
+    assert result.output.split() == [
+        str(uid_of(first.init_pid)),
+        "CapEff:", "0000000000000000",  # no capability at all
+        "NoNewPrivs:", "1",
+        "Seccomp:", "2",  # Docker's default profile filters syscalls
+    ]
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["network-none", "network-bridge"])
@@ -266,6 +271,31 @@ async def test_ipc_objects_stay_in_their_sandbox(sandboxes):
     assert made.output.splitlines()[-1] == "3", made.output
     seen = await neighbour.exec("ipcs | grep -c 0x; ls -A /dev/shm /dev/mqueue", timeout_s=10)
     assert seen.output.split() == ["0", "/dev/mqueue:", "/dev/shm:"]
+
+
+async def test_a_reused_uid_has_no_way_into_its_previous_agents_workspace(
+        backend, store, sandboxes):
+    from tenon.sandbox.uids import UidAllocator
+
+    first = await sandboxes("first")
+    uid = first.host_uid
+    await first.exec("echo hunter2 > /workspace/secret", timeout_s=10)
+    await first.destroy()
+    # The next agent gets the same host uid (a pool of one), as can happen once it is free.
+    reuse = UidAllocator(first=uid, num_uids=1, lock_dir=store.root.parent / "uids")
+    backend.uids = reuse
+    second = await sandboxes("second")
+    assert second.host_uid == uid
+    secret = store.path_for("first") / "workspace" / "secret"
+    tried = as_uid(uid, "cat", str(secret))
+    assert tried.returncode != 0
+    assert "Permission denied" in tried.stderr
+    keys = await second.exec(
+        python_command("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                       "r = libc.syscall(248, b'user', b'tenon', b'x', 1, -4); "
+                       "print(r, os.strerror(ctypes.get_errno()))"), timeout_s=10)
+    # add_key(2) into the uid's user keyring, which would outlive the sandbox: refused.
+    assert keys.output == "-1 Operation not permitted\n"
 
 
 async def test_host_processes_are_invisible_and_unsignalable(sandboxes):

@@ -224,8 +224,14 @@ async def test_runs_as_its_own_uid_which_owns_the_root_and_is_freed_at_destroy(e
         assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, uid, 0o700), path
     await sandbox.destroy()
     assert uid not in backend.uids.held()
+    # Between sandboxes the root is root's, so the uid's next holder has no way in.
+    st = workspace.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o700)
+    assert (workspace / "workspace" / "old").stat().st_uid == uid
     rebuilt = await backend.materialize(make_spec(workspace))
-    assert rebuilt.host_uid == uid  # its previous uid was free: no chown needed
+    assert rebuilt.host_uid == uid  # its previous uid was free: only the root is chowned
+    assert workspace.stat().st_uid == uid
+    assert (await rebuilt.exec("cat old", timeout_s=10)).output == "root's\nnew\n"
     await rebuilt.destroy()
 
 

@@ -142,6 +142,14 @@ def own_persistent_root(root: Path, uid: int) -> None:
                 os.lchown(name, uid, uid)
 
 
+def hide_persistent_root(root: Path) -> None:
+    """Between sandboxes the root directory is root's (0700): whoever holds its last uid
+    next cannot enter it, while what is inside keeps that owner, so a rebuild under the same
+    uid chowns one directory."""
+    os.lchown(root, 0, 0)
+    root.chmod(_PRIVATE_MODE)
+
+
 def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
     """`containers.create` keyword arguments shared by Tenon and the bare baseline; the
     container runs as `uid`, which must own the persistent root (`own_persistent_root`)."""
@@ -272,7 +280,9 @@ class DockerBackend:
         start = time.perf_counter()
         root = spec.workspace.resolve()
         try:
-            previous_uid: int | None = root.stat().st_uid
+            # The root itself is root's between sandboxes (`_destroy`); its workspace/ keeps
+            # the previous owner.
+            previous_uid: int | None = (root / "workspace").lstat().st_uid
         except OSError:
             previous_uid = None
         uid = self.uids.acquire(previous_uid)
@@ -528,6 +538,15 @@ class DockerSandbox:
             self.cgroup.remove()
         except HostError as exc:
             msg = f"cgroup of {self.spec.sandbox_id} outlived its container: {exc}"
+            raise SandboxError(msg) from exc
+        # The uid may go to another agent next: it must not own a way into this root.
+        root = self.spec.workspace.resolve()
+        try:
+            hide_persistent_root(root)
+        except FileNotFoundError:
+            pass  # the workspace is gone already
+        except OSError as exc:  # keep the uid: nobody else may hold it while it owns the root
+            msg = f"cannot take {root} back from uid {self.host_uid}: {exc}"
             raise SandboxError(msg) from exc
         self.uids.release(self.host_uid)  # nothing runs as it: the cgroup is gone
         self._destroyed = True
