@@ -47,6 +47,23 @@ def _psi_check() -> Check:
     return Check("PSI", True, f"memory some avg10={reading.some_avg10:.2f}%")
 
 
+def _isolation_checks() -> list[Check]:
+    from tenon.sandbox import seccomp
+    from tenon.sandbox.uids import UidAllocator
+
+    helper = seccomp.check()
+    clashes = UidAllocator().check()
+    slirp = shutil.which("slirp4netns")
+    return [
+        Check("seccomp helper", not helper, helper[0] if helper else str(seccomp.HELPER),
+              "python -m tenon.sandbox.seccomp build" if helper else ""),
+        Check("sandbox uid range", not clashes, "; ".join(clashes) or "no clash",
+              "free the range or pass another to UidAllocator" if clashes else ""),
+        Check("slirp4netns", slirp is not None, slirp or "missing (network=True needs it)",
+              "" if slirp else "apt-get install slirp4netns"),
+    ]
+
+
 def _docker_checks(image: str) -> list[Check]:
     from tenon.sandbox.docker import connect
 
@@ -76,6 +93,7 @@ def run_checks(state_dir: Path, image: str) -> list[Check]:
     bwrap = shutil.which("bwrap")
     checks.append(Check("bubblewrap", bwrap is not None, bwrap or "missing",
                         "" if bwrap else "apt-get install bubblewrap"))
+    checks.extend(_isolation_checks())
     try:
         rootfs = image_rootfs(image, state_dir)
         checks.append(Check(f"base rootfs {image}", True, str(rootfs)))
