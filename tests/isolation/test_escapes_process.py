@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import SandboxDied
+from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.process import ProcessSandbox
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups]
@@ -341,6 +342,28 @@ async def test_host_processes_can_be_neither_seen_nor_signalled(sandboxes):
         host_sleep.kill()
         await host_sleep.wait()
     lines = output.splitlines()
-    assert int(lines[0]) <= 4  # bwrap's pid 1, the init, and this action's shell and ls
+    # bwrap's pid 1, the init, and this action's shell, ls and grep; the host has hundreds
+    assert int(lines[0]) <= 6
     assert "No such process" in output
     assert "sleep" not in output.replace(f"kill -9 {host_sleep.pid}", "")
+
+
+_OUTSIDE = ("/", "/etc", "/etc/passwd", "/usr/bin", "/var/tmp", "/root", "/opt", "/run",
+            "/dev", "/proc/sys/kernel", "/sys/fs/cgroup", "/usr/lib/tenon")
+
+
+async def test_writes_outside_the_persistent_directories_fail(process_backend, sandboxes):
+    sandbox = await sandboxes("a")
+    tries = "; ".join(f"(echo x > {path}/tenon-escape || echo x >> {path}) 2>/dev/null "
+                      f"&& echo WROTE {path}" for path in _OUTSIDE)
+    output = await run(sandbox, f"{tries}; echo done")
+    assert output.strip() == "done", output
+    assert sandbox.leftover_state() == []
+    rootfs = image_rootfs(sandbox.spec.image, process_backend.state_dir)
+    assert escaped_files(rootfs) == []  # neither in the shared image rootfs nor on the host
+
+
+def escaped_files(rootfs: Path) -> list[Path]:
+    candidates = [Path(base, p.lstrip("/"), "tenon-escape") for base in ("/", rootfs)
+                  for p in _OUTSIDE]
+    return [c for c in candidates if c.exists()]
