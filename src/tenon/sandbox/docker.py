@@ -11,9 +11,11 @@ inotify instances are per sandbox), which owns the persistent root, mode 0700. T
 filesystem is read-only; only the persistent binds, the disposable tmpfs, /dev/shm (a
 tmpfs capped at `tmp_size_bytes`) and /dev/mqueue are writable. All capabilities are
 dropped, no-new-privileges is set, the pids cgroup caps `max_pids`, and each container has
-private pid, IPC, mount and network namespaces (network `none`, or with network a Docker
-bridge: the host's loopback is out of reach, its services bound to every address are not).
-An agent gets its previous uid back when it is free, so a rebuild changes no owner.
+private pid, IPC, mount and network namespaces (network `none`, or with network the
+`SANDBOX_NETWORK` bridge: the host's loopback and other sandboxes are out of reach, host
+services bound to every address are not). An agent gets its previous uid back when it is
+free, so a rebuild changes no owner; between sandboxes the root directory is root's.
+docs/ISOLATION.md lists each escape tried against this.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ from tenon.errors import (
     SandboxDied,
     SandboxError,
     SandboxFrozen,
-    WorkspaceError,
 )
 from tenon.host import nsinspect
 from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.container_files import unexpected_writable_mounts, walk_upper, written_paths
+from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
 
 if TYPE_CHECKING:
@@ -70,17 +73,7 @@ DOMAIN_LABEL = "tenon.domain"
 _PAUSED_REFUSAL = "cannot exec in a paused container"
 _HELD_POLL_S = 0.02
 WORKSPACE = PERSISTENT_MOUNTS["workspace"]
-# Mount points runc creates in the writable layer; they and their parent dirs are no action's.
-_MOUNT_POINTS = (*PERSISTENT_MOUNTS.values(), "/sbin/docker-init", "/usr/sbin/docker-init")
 _READY_TIMEOUT_S = 10.0
-_PRIVATE_MODE = 0o700
-# Writable mounts besides the persistent and disposable ones. `nsinspect` lists what is in
-# these two; the others cannot carry an action's state: /dev and /sys/fs/cgroup are tmpfs
-# that only root may write (checked each time: the sandbox's uid is not root and holds no
-# capability), /dev/pts holds the ptys of live processes only, /proc is not files.
-_INSPECTED_MOUNTS = ("/dev/shm", "/dev/mqueue")
-_ROOT_ONLY_MOUNTS = ("/dev", "/sys/fs/cgroup")
-_STATELESS_MOUNTS = ("/proc", "/dev/pts")
 # Docker keeps stdout and stderr as two pipes, so their relative order would be lost;
 # one pipe for both keeps the interleaving. The action is still exactly `sh -c command`.
 _MERGED_SH = ("/bin/sh", "-c", 'exec 2>&1; exec /bin/sh -c "$1"', "sh")
@@ -124,30 +117,6 @@ def connect(timeout_s: float = 30.0) -> docker.DockerClient:
             client.close()
         raise BackendUnavailable(f"Docker Engine does not answer ({exc}); {_DAEMON_FIX}") from exc
     return client
-
-
-def own_persistent_root(root: Path, uid: int) -> None:
-    """`uid` (gid the same) owns the persistent root and everything in it, and only it may
-    enter the root and its subdirectories (lchown: never follow a symlink out)."""
-    if not root.is_dir():
-        raise WorkspaceError(f"workspace {root} is not a directory")
-    for sub in PERSISTENT_MOUNTS:
-        (root / sub).mkdir(mode=_PRIVATE_MODE, exist_ok=True)
-    for directory in (root, *(root / sub for sub in PERSISTENT_MOUNTS)):
-        directory.chmod(_PRIVATE_MODE)
-    for top, dirs, files in os.walk(root):
-        for name in (top, *(os.path.join(top, n) for n in (*dirs, *files))):
-            st = os.lstat(name)
-            if st.st_uid != uid or st.st_gid != uid:
-                os.lchown(name, uid, uid)
-
-
-def hide_persistent_root(root: Path) -> None:
-    """Between sandboxes the root directory is root's (0700): whoever holds its last uid
-    next cannot enter it, while what is inside keeps that owner, so a rebuild under the same
-    uid chowns one directory."""
-    os.lchown(root, 0, 0)
-    root.chmod(_PRIVATE_MODE)
 
 
 def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
@@ -492,12 +461,12 @@ class DockerSandbox:
         """
         sandbox_id = self.spec.sandbox_id
         try:
-            if unexpected := _unexpected_writable_mounts(self.init_pid, self.spec.disposable):
+            if unexpected := unexpected_writable_mounts(self.init_pid, self.spec.disposable):
                 logger.warning("sandbox %s: writable mounts nobody inspects: %s",
                                sandbox_id, ", ".join(unexpected))
                 return None
             if self.upper_dir is not None and self.upper_dir.is_dir():
-                changed = _walk_upper(self.upper_dir)
+                changed = walk_upper(self.upper_dir)
             else:
                 changed = [(str(c["Path"]), c["Kind"] == 0) for c in self.container.diff() or []]
             in_namespaces = [item for item in nsinspect.namespace_state(self.init_pid)
@@ -505,9 +474,7 @@ class DockerSandbox:
         except Exception as exc:
             logger.warning("sandbox %s: cannot list leftover state: %s", sandbox_id, exc)
             return None
-        mounts = (*_MOUNT_POINTS, *self.spec.disposable)
-        written = [path for path, is_dir in changed if not _untracked(path, is_dir, mounts)]
-        return sorted(written) + in_namespaces
+        return written_paths(changed, self.spec.disposable) + in_namespaces
 
     def oom_killed(self) -> bool:
         """Docker's own OOMKilled flag (a cross-check; the domain's OOM counters are primary)."""
@@ -552,16 +519,6 @@ class DockerSandbox:
         self._destroyed = True
 
 
-def _walk_upper(upper: Path) -> list[tuple[str, bool]]:
-    """(path, is a directory) for every entry of an overlay upper dir (whiteouts included)."""
-    found = []
-    for root, dirs, files in os.walk(upper):
-        base = "/" + Path(root).relative_to(upper).as_posix().removeprefix(".")
-        found += [(f"{base.rstrip('/')}/{name}", True) for name in dirs]
-        found += [(f"{base.rstrip('/')}/{name}", False) for name in files]
-    return found
-
-
 def _own_namespace_state(init_pid: int, sandbox_id: str) -> frozenset[str]:
     """The namespaces' state before any action; empty when it cannot be read (the
     leftover check then reports Docker's own sockets too: resident-only, never unsafe)."""
@@ -570,43 +527,6 @@ def _own_namespace_state(init_pid: int, sandbox_id: str) -> frozenset[str]:
     except Exception as exc:
         logger.warning("sandbox %s: cannot read its namespaces at start: %s", sandbox_id, exc)
         return frozenset()
-
-
-def _mount_table(pid: int) -> list[tuple[str, bool, str, str]]:
-    """(mount point, mounted read-write, filesystem type, root within its filesystem) for
-    each mount `pid` sees (proc(5) mountinfo: the per-mount options are field 6)."""
-    table = []
-    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
-        before, after = line.split(" - ", 1)
-        fields = before.split()
-        root, mount_point, options = fields[3], fields[4], fields[5].split(",")
-        table.append((mount_point, "rw" in options, after.split()[0], root))
-    return table
-
-
-def _unexpected_writable_mounts(pid: int, disposable: tuple[str, ...]) -> list[str]:
-    """Writable mounts in `pid`'s mount namespace that may hold an action's state and that
-    `leftover_state` does not inspect."""
-    inspected = (*PERSISTENT_MOUNTS.values(), *disposable, *_INSPECTED_MOUNTS)
-    unexpected = []
-    for mount_point, writable, fs_type, root in _mount_table(pid):
-        if not writable or mount_point in inspected or mount_point in _STATELESS_MOUNTS:
-            continue
-        if mount_point.startswith("/proc/") and (fs_type == "proc" or root == "/null"):
-            continue  # a /proc entry, or one Docker masks with a bind of /dev/null
-        if mount_point in _ROOT_ONLY_MOUNTS:
-            st = Path(f"/proc/{pid}/root{mount_point}").stat()
-            if st.st_uid == 0 and not st.st_mode & 0o022:
-                continue
-        unexpected.append(mount_point)
-    return unexpected
-
-
-def _untracked(path: str, is_dir: bool, mounts: tuple[str, ...]) -> bool:
-    if any(path == p or path.startswith(p + "/") for p in mounts):
-        return True
-    # A copied-up parent of a mount point; writes inside it show up as their own paths.
-    return is_dir and any(m.startswith(path + "/") for m in mounts)
 
 
 def _created_id(container: Container) -> str:
