@@ -11,12 +11,14 @@ import pytest
 from tenon.clock import FakeClock
 from tenon.runtime.differential import (
     Boundary,
+    Comparison,
     RunResult,
     Script,
     Step,
     StepResult,
     compare,
     differential,
+    summarize,
 )
 from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import ResidencyManager
@@ -147,3 +149,22 @@ def test_a_run_that_misses_steps_is_refused():
 def test_a_script_needs_steps():
     with pytest.raises(ValueError, match="has no steps"):
         Script("empty", ())
+
+
+def make_comparison(*, num_boundaries: int, num_torn_down: int, num_by_design: int,
+                    problems: tuple[str, ...] = ()) -> Comparison:
+    return Comparison("s", (), problems, num_boundaries, num_torn_down, num_by_design)
+
+
+def test_summary_adds_up_the_shares_over_scripts():
+    summary = summarize("process", [
+        make_comparison(num_boundaries=5, num_torn_down=2, num_by_design=3),
+        make_comparison(num_boundaries=3, num_torn_down=2, num_by_design=0,
+                        problems=("boundary after step 1 (x): should be restartable",))])
+    assert (summary["num_boundaries"], summary["num_torn_down"]) == (8, 4)
+    assert summary["restartable_share"] == 0.5
+    assert summary["restartable_share_of_designed_restartable"] == 0.8
+    assert not summary["ok"]
+    assert [s["ok"] for s in summary["scripts"]] == [True, False]
+    assert summary["scripts"][1]["first_failure"] == (
+        "s: boundary after step 1 (x): should be restartable")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tenon.clock import SystemClock
+from tenon.errors import BackendUnavailable
 from tenon.host.domain import WorkloadDomain
 from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import ResidencyManager, TeardownOutcome
@@ -256,7 +257,7 @@ async def open_manager(backend: str, *, state_dir: Path = DEFAULT_STATE_DIR,
         with tempfile.TemporaryDirectory(prefix="tenon-diff-", dir=state_dir) as tmp:
             impl = make_backend(backend, domain, state_dir)
             if problems := impl.check():
-                raise RuntimeError(f"backend {backend} not ready: {'; '.join(problems)}")
+                raise BackendUnavailable(f"backend {backend} not ready: {'; '.join(problems)}")
             recovery = RecoveryStore(Path(tmp) / "recovery.sqlite")
             try:
                 yield ResidencyManager(impl, WorkspaceStore(Path(tmp)), recovery, SystemClock())
