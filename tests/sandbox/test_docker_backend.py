@@ -128,6 +128,22 @@ async def test_check_reports_ready_and_missing_image(env):
     assert "tenon image build" in problem
 
 
+def test_a_network_letting_containers_talk_is_refused(docker_client):
+    from tenon.errors import SandboxError
+    from tenon.sandbox.docker import ensure_sandbox_network
+
+    name = f"tenon-test-{uuid.uuid4().hex[:8]}"
+    ensure_sandbox_network(docker_client, name)  # made with inter-container traffic off
+    ensure_sandbox_network(docker_client, name)  # and accepted as it is
+    docker_client.networks.get(name).remove()
+    chatty = docker_client.networks.create(name, driver="bridge")  # Docker's default: on
+    try:
+        with pytest.raises(SandboxError, match=f"docker network rm {name}"):
+            ensure_sandbox_network(docker_client, name)
+    finally:
+        chatty.remove()
+
+
 async def test_missing_image_raises_with_fix(env):
     backend, workspace = env
     with pytest.raises(ImageNotFound, match="tenon image build"):

@@ -65,7 +65,7 @@ def _isolation_checks() -> list[Check]:
 
 
 def _docker_checks(image: str) -> list[Check]:
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.docker import connect, engine_problems
 
     try:
         client = connect(timeout_s=5)
@@ -74,6 +74,13 @@ def _docker_checks(image: str) -> list[Check]:
         return [Check("Docker Engine", False, f"not answering ({type(exc).__name__})",
                       "bash scripts/setup.sh  (installs docker.io and starts dockerd)")]
     checks = [Check("Docker Engine", True, f"version {version}")]
+    try:
+        problems = engine_problems(client)
+    except Exception as exc:  # doctor reports, it never crashes
+        problems = [f"cannot query its security options ({type(exc).__name__})"]
+    checks.append(Check("Docker isolation", not problems, "; ".join(problems) or
+                        "seccomp on, tenon-sandboxes isolated (or not made yet)",
+                        "see the problem's fix" if problems else ""))
     try:
         client.images.get(image)
         checks.append(Check(f"docker image {image}", True, "present"))

@@ -152,21 +152,40 @@ def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
     }
 
 
-def ensure_sandbox_network(client: docker.DockerClient) -> None:
-    """Create `SANDBOX_NETWORK` unless it exists; SandboxError if one of that name lets
-    containers talk to each other."""
+def ensure_sandbox_network(client: docker.DockerClient, name: str = SANDBOX_NETWORK) -> None:
+    """Create the sandboxes' network unless it exists; SandboxError if one of that name
+    lets containers talk to each other."""
     try:
-        network = client.networks.get(SANDBOX_NETWORK)
+        network = client.networks.get(name)
     except docker.errors.NotFound:
         try:
-            client.networks.create(SANDBOX_NETWORK, driver="bridge", check_duplicate=True,
+            client.networks.create(name, driver="bridge", check_duplicate=True,
                                    options={_ICC_OPTION: "false"})
             return
         except docker.errors.APIError:  # made meanwhile by another controller: check it
-            network = client.networks.get(SANDBOX_NETWORK)
-    if (network.attrs.get("Options") or {}).get(_ICC_OPTION) != "false":
-        raise SandboxError(f"Docker network {SANDBOX_NETWORK} lets containers reach each "
-                           f"other; run: docker network rm {SANDBOX_NETWORK}")
+            network = client.networks.get(name)
+    if problem := _network_problem(network.attrs, name):
+        raise SandboxError(problem)
+
+
+def _network_problem(attrs: dict[str, Any], name: str) -> str | None:
+    if (attrs.get("Options") or {}).get(_ICC_OPTION) != "false":
+        return (f"Docker network {name} lets containers reach each other; "
+                f"run: docker network rm {name}")
+    return None
+
+
+def engine_problems(client: docker.DockerClient) -> list[str]:
+    """What in the Engine's setup would weaken a sandbox's isolation, each with its fix."""
+    problems = []
+    if not any(o.startswith("name=seccomp") for o in client.info().get("SecurityOptions", [])):
+        problems.append("Docker runs containers without seccomp; start dockerd with its "
+                        "default seccomp profile")
+    for network in client.networks.list(names=[SANDBOX_NETWORK]):
+        if network.name == SANDBOX_NETWORK and (
+                problem := _network_problem(network.attrs, SANDBOX_NETWORK)):
+            problems.append(problem)
+    return problems
 
 
 def _container_cgroup(init_pid: int, domain_name: str, fallback: str) -> str:
@@ -239,7 +258,10 @@ class DockerBackend:
             return [f"image {image!r} is missing from Docker; run: tenon image build"]
         except Exception as exc:
             return [f"cannot query image {image!r} ({exc}); {_DAEMON_FIX}"]
-        return []
+        try:
+            return [*self.uids.check(), *engine_problems(client)]
+        except Exception as exc:
+            return [f"cannot query Docker's security options ({exc}); {_DAEMON_FIX}"]
 
     async def materialize(self, spec: SandboxSpec) -> DockerSandbox:
         return await _in_pool(self._materialize, spec)
