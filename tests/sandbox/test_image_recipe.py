@@ -47,3 +47,49 @@ def test_an_image_built_from_another_recipe_is_rebuilt_and_swapped(tmp_path):
     assert sorted(p.name for p in target.iterdir()) == [
         "image.json", "rootfs", "rootfs.tar", "superseded"]
     assert build_image(IMAGE, state_dir=tmp_path, docker=False) == info  # now up to date
+
+
+def _tiny_tar(path, content: bytes):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("marker")
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    return path
+
+
+@pytest.mark.docker
+def test_reimport_moves_the_tag_and_drops_the_old_image_unless_a_container_uses_it(tmp_path):
+    import contextlib
+    import uuid
+
+    from tenon.sandbox.docker import connect
+    from tenon.sandbox.image import _docker_import
+
+    name = f"tenon-imagetest-{uuid.uuid4().hex[:8]}:t"
+    client = connect(timeout_s=30)
+    image_ids: list[str] = []
+    container_ids: list[str] = []
+    try:
+        assert _docker_import(_tiny_tar(tmp_path / "a.tar", b"a"), name)
+        image_ids.append(client.images.get(name).id)
+        assert _docker_import(_tiny_tar(tmp_path / "b.tar", b"b"), name)
+        image_ids.append(client.images.get(name).id)
+        first, second = image_ids
+        assert second != first
+        with pytest.raises(Exception, match="No such image"):
+            client.images.get(first)
+        container_ids.append(client.containers.create(second, command=["/marker"]).id)
+        assert _docker_import(_tiny_tar(tmp_path / "c.tar", b"c"), name)
+        image_ids.append(client.images.get(name).id)
+        assert image_ids[2] not in (first, second)
+        assert client.images.get(second).id == second  # kept: a container uses it
+    finally:
+        for container_id in container_ids:
+            client.containers.get(container_id).remove(force=True)
+        for image_id in reversed(image_ids):
+            with contextlib.suppress(Exception):  # the first is already gone
+                client.images.remove(image_id, force=True)
+        client.close()

@@ -133,9 +133,19 @@ def _docker_import(tar_path: Path, name: str) -> bool:
         return False
     repository, _, tag = name.partition(":")
     try:
+        try:
+            previous_id: str | None = client.images.get(name).id
+        except Exception:
+            previous_id = None
         with tar_path.open("rb") as f:
             client.api.import_image_from_data(f, repository=repository, tag=tag or "latest")
-        client.images.get(name)
+        current_id = client.images.get(name).id
+        if previous_id is not None and previous_id != current_id:
+            # The tag has moved; the engine refuses (and we leave) an image a container uses.
+            try:
+                client.images.remove(previous_id)
+            except Exception as exc:
+                logger.info("kept the superseded image %s of %s: %s", previous_id, name, exc)
     finally:
         client.close()
     return True
