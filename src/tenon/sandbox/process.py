@@ -2,19 +2,21 @@
 
 Each sandbox is one `bwrap` tree (new user, pid, mount, uts, ipc, cgroup and net
 namespaces; outbound networking, when the spec allows it, through slirp4netns:
-`sandbox.usernet`) over the base image's rootfs mounted read-only, with
-the agent's persistent directories bound read-write at /workspace, HOME (/home/user) and
-/tmp, and size-capped tmpfs at /dev/shm and at each path declared disposable.
+`sandbox.usernet`) over the base image's rootfs mounted read-only, with the agent's
+persistent directories bound read-write at /workspace, HOME (/home/user) and /tmp, and
+size-capped tmpfs at /dev/shm and at each path declared disposable.
+
 bwrap runs as an unprivileged *host* uid of its own (`sandbox.uids`: one per live sandbox,
 so per-user kernel limits such as inotify instances are per sandbox), so no sandbox process
 is host root even inside its user namespace (a kuid-0 process could still write root-owned
 sysctls or read /proc/kpage*); inside it appears as uid/gid 1000. The persistent root is
 owned by that uid and 0700; an agent gets its previous uid back when it is free, so a
-rebuild changes no owner. Actions enter the
-namespaces with `nsenter`, as fresh processes placed in the sandbox cgroup before they
-exec anything. Every sandbox process (the init and each action, right after nsenter joined
-the namespaces) starts through the seccomp helper (`sandbox.seccomp`), which loads the
-default filter and execs the command.
+rebuild changes no owner.
+
+Actions enter the namespaces with `nsenter`, as fresh processes placed in the sandbox
+cgroup before they exec anything. Every sandbox process (the init and each action, right
+after nsenter joined the namespaces) starts through the seccomp helper (`sandbox.seccomp`),
+which loads the default filter and execs the command.
 
 `--die-with-parent` is set on purpose: a controller restart recovers agents from their
 committed records and rematerializes sandboxes, so a sandbox outliving the controller
