@@ -44,7 +44,7 @@ _NS_GET_USERNS = 0xB701  # ioctl_ns(2): _IO(0xb7, 0x1)
 TUN_DEVICE = "/dev/net/tun"
 
 
-def _tun_is_open_to_all() -> bool:
+def tun_is_open_to_all() -> bool:
     try:
         return os.stat(TUN_DEVICE).st_mode & 0o006 == 0o006
     except OSError:
@@ -76,7 +76,7 @@ class UserNet:
         ready_r, ready_w = os.pipe()
         log = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600)
         as_uid = ([setpriv, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--"]
-                  if _tun_is_open_to_all() else [])
+                  if tun_is_open_to_all() else [])
         argv = enter_cgroup_argv(procs_files, [
             *as_uid, slirp4netns, "--configure", f"--mtu={_MTU}", "--disable-host-loopback",
             "--enable-sandbox", "--enable-seccomp", f"--exit-fd={exit_r}",
