@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tenon.errors import SandboxDied
+from tenon.errors import SandboxDied, SandboxError
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.process import ProcessSandbox
 
@@ -367,3 +367,20 @@ def escaped_files(rootfs: Path) -> list[Path]:
     candidates = [Path(base, p.lstrip("/"), "tenon-escape") for base in ("/", rootfs)
                   for p in _OUTSIDE]
     return [c for c in candidates if c.exists()]
+
+
+async def test_a_network_that_cannot_start_fails_the_materialization_cleanly(process_backend,
+                                                                             sandboxes):
+    process_backend._slirp4netns = "/bin/false"  # exits at once, as a failing slirp4netns
+    held_before = process_backend.uids.held()
+    with pytest.raises(SandboxError, match="slirp4netns could not connect"):
+        await sandboxes("a", network=True)
+    assert process_backend.uids.held() == held_before  # the uid went back
+    assert sandbox_cgroups(process_backend) == []  # and the cgroup with it
+
+
+def sandbox_cgroups(backend) -> list[Path]:
+    """The sandbox cgroups under the backend's domain, in every hierarchy."""
+    name = backend.domain.name
+    return [*Path("/sys/fs/cgroup").glob(f"*/{name}/*/"), *Path("/sys/fs/cgroup").glob(
+        f"{name}/*/")]
