@@ -53,3 +53,12 @@ def test_the_helper_reports_a_missing_program_like_a_shell(helper):
     assert result.returncode == 127
     assert "No such file" in result.stderr
     assert subprocess.run([str(helper)], check=False, capture_output=True).returncode == 126
+
+
+def test_syscalls_newer_than_the_profile_fail_with_enosys_so_libc_falls_back(helper):
+    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+             "for nr in (435, 452, 461, 511, 438):\n"  # clone3, fchmodat2, lsm_*, last; pidfd_getfd
+             "    ctypes.set_errno(0); libc.syscall(nr, 0, 0, 0, 0); print(ctypes.get_errno())")
+    result = subprocess.run([str(helper), sys.executable, "-c", probe], capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.split() == [str(errno.ENOSYS)] * 4 + [str(errno.EPERM)]

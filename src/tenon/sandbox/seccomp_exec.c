@@ -5,9 +5,12 @@
  * action, after nsenter has joined the sandbox's namespaces: a filter that denies setns
  * could not be loaded before). The filter is an allowlist with the same syscalls and
  * argument rules as Docker's default profile for a container without capabilities
- * (moby profiles/seccomp/default.json); everything else fails with EPERM, clone3 with
- * ENOSYS so that libc falls back to clone, whose namespace flags are denied. Only the
- * native architecture is allowed: a 32-bit or x32 syscall kills the process.
+ * (moby profiles/seccomp/default.json); everything else fails with EPERM, except that
+ * clone3 and syscalls newer than that profile (numbers from FIRST_UNKNOWN_NR, shared by
+ * all architectures since Linux 5.1) fail with ENOSYS, the answer a C library expects from
+ * an older kernel before falling back (clone3 to clone, whose namespace flags are denied;
+ * fchmodat2 to fchmodat). Only the native architecture is allowed: a 32-bit or x32
+ * syscall kills the process.
  *
  * Built in two stages by `python -m tenon.sandbox.seccomp build` (scripts/setup.sh runs it):
  * compiled with TENON_SECCOMP_GENERATE and libseccomp, this program writes the filter's
@@ -88,6 +91,10 @@ static const unsigned long personalities[] = {0x0, 0x8, 0x20000, 0x20008, 0xffff
 /* CLONE_NEWNS|CLONE_NEWCGROUP|CLONE_NEWUTS|CLONE_NEWIPC|CLONE_NEWUSER|CLONE_NEWPID|CLONE_NEWNET */
 #define NAMESPACE_FLAGS 0x7E020000UL
 #define AF_VSOCK_FAMILY 40
+/* Syscall numbers after set_mempolicy_home_node (450), the newest the profile knows, up to
+ * a bound well past today's kernels. */
+#define FIRST_UNKNOWN_NR 451
+#define LAST_UNKNOWN_NR 511
 
 int main(void) {
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
@@ -111,6 +118,9 @@ int main(void) {
         return fail("clone", -rc);
     if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0)) < 0)
         return fail("clone3", -rc);
+    for (int nr = FIRST_UNKNOWN_NR; nr <= LAST_UNKNOWN_NR; nr++)
+        if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0)) < 0)
+            return fail("newer syscalls", -rc);
     if ((rc = seccomp_export_bpf(ctx, STDOUT_FILENO)) < 0) return fail("export", -rc);
     seccomp_release(ctx);
     return 0;
