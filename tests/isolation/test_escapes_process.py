@@ -77,7 +77,14 @@ async def test_live_sandboxes_run_as_distinct_host_uids(sandboxes):
 async def test_a_rebuilt_sandbox_gets_its_previous_uid_back(process_backend, sandboxes):
     first = await sandboxes("a")
     uid, spec = first.host_uid, first.spec
+    await run(first, "echo mine > /workspace/f")
     await first.destroy()
+    # Between sandboxes the root is root's: whoever holds the uid next has no way in.
+    root = spec.workspace
+    assert (root.stat().st_uid, root.stat().st_mode & 0o777) == (0, 0o700)
+    assert (root / "workspace" / "f").stat().st_uid == uid
+    tried = as_uid(uid, "cat", str(root / "workspace" / "f"))
+    assert "Permission denied" in tried.stderr
     again = await process_backend.materialize(spec)
     try:
         assert again.host_uid == uid

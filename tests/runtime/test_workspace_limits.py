@@ -282,7 +282,7 @@ async def test_another_uid_cannot_read_a_sandbox_workspace(backend, store):
     finally:
         await sandbox.destroy()
     assert wrote.output == "API_KEY=hunter2\n"  # the sandbox itself reads it
-    assert root.stat().st_uid == sandbox.host_uid
+    assert (root / "workspace").stat().st_uid == sandbox.host_uid
     for argv in (["cat", str(root / "workspace" / ".env")], ["ls", str(root)],
                  ["ls", str(store.root)]):
         tried = as_other_uid(*argv)

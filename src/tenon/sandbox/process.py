@@ -43,7 +43,6 @@ from tenon.errors import (
     SandboxError,
     SandboxFrozen,
     TenonError,
-    WorkspaceError,
 )
 from tenon.host import nsinspect, procs
 from tenon.host.domain import SandboxCgroup, WorkloadDomain
@@ -59,6 +58,7 @@ from tenon.sandbox._exec import (
 )
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
 from tenon.sandbox.usernet import NAMESERVER, UserNet
 
@@ -161,22 +161,6 @@ class ProcessBackend:
             )
         return {t: p for t, p in self._tools.items() if p is not None}
 
-    @staticmethod
-    def _prepare_workspace(workspace: Path, uid: int) -> None:
-        """The sandbox's host uid owns the persistent root, 0700, and everything in it
-        (lchown: never follow)."""
-        if not workspace.is_dir():
-            raise WorkspaceError(f"workspace {workspace} is not a directory")
-        for sub in PERSISTENT_MOUNTS:
-            (workspace / sub).mkdir(mode=0o700, exist_ok=True)
-        workspace.chmod(0o700)
-        gid = uid
-        for root, dirs, files in os.walk(workspace):
-            for name in (root, *(os.path.join(root, n) for n in (*dirs, *files))):
-                st = os.lstat(name)
-                if st.st_uid != uid or st.st_gid != gid:
-                    os.lchown(name, uid, gid)
-
     def _bwrap_argv(self, tools: dict[str, str], rootfs: Path, spec: SandboxSpec,
                     info_fd: int, host_uid: int) -> list[str]:
         """bwrap runs as `host_uid`, which may not traverse the workspace's ancestors (e.g. a
@@ -227,16 +211,19 @@ class ProcessBackend:
         self._ensure_stage()
         workspace = spec.workspace.resolve()
         try:
-            previous_uid: int | None = workspace.stat().st_uid
+            # The root itself is root's between sandboxes (see destroy); its workspace/ keeps
+            # the previous owner.
+            previous_uid: int | None = (workspace / "workspace").lstat().st_uid
         except OSError:
             previous_uid = None
         host_uid = self.uids.acquire(previous_uid)
         try:
-            await asyncio.to_thread(self._prepare_workspace, workspace, host_uid)
+            await asyncio.to_thread(own_persistent_root, workspace, host_uid)
             spec_ws = dataclasses.replace(spec, workspace=workspace)
             cgroup = self.domain.sandbox(spec.sandbox_id)
         except BaseException:
-            self.uids.release(host_uid)
+            with contextlib.suppress(SandboxError):
+                give_back_uid(self.uids, host_uid, workspace)
             raise
         try:
             if cgroup.pids():
@@ -248,7 +235,8 @@ class ProcessBackend:
             with contextlib.suppress(Exception):
                 cgroup.remove()
             if not _has_processes(cgroup):  # else something may still run as the uid
-                self.uids.release(host_uid)
+                with contextlib.suppress(SandboxError):
+                    give_back_uid(self.uids, host_uid, workspace)
             raise
 
     async def _start(self, tools: dict[str, str], rootfs: Path, spec: SandboxSpec,
@@ -314,6 +302,19 @@ async def _wait_running(proc: asyncio.subprocess.Process, cgroup: SandboxCgroup,
     finally:
         if not waiter.done():
             waiter.cancel()
+
+
+def give_back_uid(uids: UidAllocator, uid: int, root: Path) -> None:
+    """Release `uid` once nothing runs as it. It may go to another agent next, so the
+    persistent root first goes back to root (0700); if that fails the uid is kept
+    (SandboxError), since nobody else may hold it while it owns a way in."""
+    try:
+        hide_persistent_root(root)
+    except FileNotFoundError:
+        pass  # the workspace is gone already
+    except OSError as exc:
+        raise SandboxError(f"cannot take {root} back from uid {uid}: {exc}") from exc
+    uids.release(uid)
 
 
 def _has_processes(cgroup: SandboxCgroup) -> bool:
@@ -475,7 +476,7 @@ class ProcessSandbox:
             await asyncio.to_thread(self.cgroup.kill_all)
             await self._proc.wait()
             await asyncio.to_thread(self.cgroup.remove)
-            self._uids.release(self.host_uid)
+            give_back_uid(self._uids, self.host_uid, self._spec.workspace)
         finally:
             if self._out_fd >= 0:
                 os.close(self._out_fd)
