@@ -109,11 +109,13 @@ async def test_absent_daemon_is_backend_unavailable_with_fix(tmp_path):
     from tenon.host.domain import WorkloadDomain
     from tenon.host.layout import detect_layout
     from tenon.sandbox.docker import DockerBackend
+    from tenon.sandbox.uids import UidAllocator
 
     # TCP, not a missing unix socket: docker's unix adapter leaks the socket of a failed connect.
     client = docker.DockerClient(base_url="tcp://127.0.0.1:9", version="1.41", timeout=2)
     domain = WorkloadDomain("tenon-test-unused", detect_layout(), None)  # never created
-    backend = DockerBackend(domain, client=client)
+    # Its own uid pool: a uid whose container Docker cannot rule out stays held.
+    backend = DockerBackend(domain, client=client, uids=UidAllocator(lock_dir=tmp_path / "uids"))
     (problem,) = backend.check()
     assert "setup.sh" in problem
     with pytest.raises(BackendUnavailable, match="start dockerd"):
@@ -414,9 +416,11 @@ async def test_cleanup_domain_containers_removes_leftovers(env, docker_client):
     from tenon.sandbox.docker import cleanup_domain_containers
 
     backend, workspace = env
-    await backend.materialize(make_spec(workspace))
-    await backend.materialize(make_spec(workspace))
+    left = [await backend.materialize(make_spec(workspace)) for _ in range(2)]
     assert cleanup_domain_containers(docker_client, backend.domain.name) == 2
+    for sandbox in left:  # destroy still frees what the removed containers held
+        await sandbox.destroy()
+        assert sandbox.host_uid not in backend.uids.held()
 
 
 def test_bare_docker_lifecycle_reports_medians(docker_client, base_image):
