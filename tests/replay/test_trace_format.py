@@ -130,6 +130,33 @@ def test_negative_and_bad_mode(tmp_path):
     assert errors[1].startswith(f"{path}:3: steps.0.action.reproduce.mode:")
 
 
+@pytest.mark.parametrize(
+    ("submit_s", "message"),
+    [
+        (float("inf"), "Input should be a finite number"),  # json writes it as Infinity
+        (float("nan"), "Input should be a finite number"),
+        (1e300, "Input should be less than or equal to 604800"),
+        (7 * 86_400 + 1, "Input should be less than or equal to 604800"),
+        (-1.0, "Input should be greater than or equal to 0"),
+    ],
+)
+def test_submit_time_must_be_finite_and_within_a_week(tmp_path, submit_s, message):
+    records = good_records()
+    records[2]["submit_s"] = submit_s
+    path = write_lines(tmp_path / "trace.jsonl", records)
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    assert str(caught.value) == f"{path}:3: submit_s: {message}"
+
+
+def test_submit_time_of_a_week_is_valid(tmp_path):
+    records = good_records()
+    records[2]["submit_s"] = 7 * 86_400.0
+    assert load_trace(write_lines(tmp_path / "trace.jsonl", records)).workflows[1].submit_s == (
+        7 * 86_400.0
+    )
+
+
 def test_wrong_version(tmp_path):
     records = good_records()
     records[0]["version"] = 2
