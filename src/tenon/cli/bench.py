@@ -133,6 +133,10 @@ def bench_configs(base: dict[str, Any], sweep: str | None,
         raise ConfigError(f"--speed: must be a finite number, got {speed}")
     param, values = sweep_points(sweep, qps)
     rates = parse_qps(qps)
+    if len(rates) > 1 and param != "qps":
+        raise ConfigError("--qps: a list of rates is a sweep; give it or --sweep, not both")
+    if sweep and param == "qps" and rates:
+        raise ConfigError("--qps: the sweep sets the rate; give --qps or --sweep qps=..., not both")
     configs = []
     for value in values:
         fields = dict(base)
