@@ -48,8 +48,8 @@ MAX_SAMPLING_S = 86_400.0
 
 # Exit status of `tenon doctor` when a check fails (2 stays for bad input).
 EXIT_CHECK_FAILED = 1
-# The demo's action writes this much into each agent's /tmp; a budget below it cannot hold
-# even one agent.
+# The demo's action writes this much into each agent's tmpfs scratch (charged to the
+# sandbox); a budget below it cannot hold even one agent.
 DEMO_BURST_MIB = 64
 
 
