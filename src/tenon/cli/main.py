@@ -44,6 +44,15 @@ Image = Annotated[str, typer.Option(help="Base image name.")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="Write results here.")]
 # Sampling longer than a day measures nothing a minute would not.
 MAX_SAMPLING_S = 86_400.0
+# Every sandbox holds at least one process, and 64-bit Linux never has more than
+# PID_MAX_LIMIT (2**22) of them: a larger count is a typo, not a host.
+MAX_SANDBOXES = 2**22
+
+
+def _check_sandboxes(count: int, *, what: str) -> None:
+    if count > MAX_SANDBOXES:
+        raise ConfigError(f"{what}: {count} is more sandboxes than a Linux host has process "
+                          f"ids ({MAX_SANDBOXES})")
 
 
 # Exit status of `tenon doctor` when a check fails (2 stays for bad input).
@@ -238,6 +247,7 @@ def bench_gate_cmd(
     from tenon.policy.bench import bench_gate
 
     try:
+        _check_sandboxes(sandboxes, what="--sandboxes")
         if json_path is not None:
             require_writable_file(json_path, what="--json")
         result = bench_gate(sandboxes, iterations)
@@ -262,6 +272,7 @@ def bench_sampling_cmd(
         if not math.isfinite(seconds) or seconds > MAX_SAMPLING_S:
             raise ConfigError(f"--seconds: must be a finite number of seconds up to "
                               f"{MAX_SAMPLING_S:.0f}, got {seconds}")
+        _check_sandboxes(sandboxes, what="--sandboxes")
         if json_path is not None:
             require_writable_file(json_path, what="--json")
         require_writable_dir(state_dir, what="--state-dir")
@@ -290,6 +301,7 @@ def demo(
                               f"{DEMO_BURST_MIB} MiB action; give at least {DEMO_BURST_MIB}MiB")
         if agents < 1:
             raise ConfigError(f"--agents: must be at least 1, got {agents}")
+        _check_sandboxes(agents, what="--agents")
         require_writable_dir(state_dir, what="--state-dir")
         asyncio.run(run_demo(backend=backend, budget_bytes=budget_bytes, num_agents=agents,
                              state_dir=state_dir, image=image, console=console,
