@@ -22,7 +22,7 @@ from tenon.runtime.events import read_events
 MIB = 1 << 20
 GIB = 1 << 30
 POLICY_KEYS = {"makespan_s", "p50_latency_s", "peak_memory_bytes", "oom_events", "timeouts",
-               "attempts", "failed_attempts", "completed"}
+               "attempts", "failed_attempts", "completed", "restartable_share"}
 
 
 def make_workflow(wid: str, *, peak_mib: int = 300, steps: int = 3, submit_s: float = 0.0,
@@ -80,6 +80,12 @@ def test_bench_runs_every_policy_with_retries_and_writes_the_exact_keys(tmp_path
     assert on_disk["policies"] == summary["policies"]
     assert on_disk["meta"]["complete"]
     assert (tmp_path / "run" / "tenon" / "events.jsonl").stat().st_size > 0
+    for name, figures in summary["policies"].items():  # the share the event log records
+        judged = [e["restartable"] for e in read_events(tmp_path / "run" / name / "events.jsonl")
+                  if e["kind"] == "residency"]
+        share = sum(judged) / len(judged) if judged else None
+        assert figures["restartable_share"] == pytest.approx(share, abs=1e-4)
+    assert summary["policies"]["tenon"]["restartable_share"] == 1.0  # the sim leaves nothing
     written = draw(tmp_path / "run")
     assert [p.name for p in written] == ["table.md", "delays.md", "timeline.png", "bars.png"]
     assert all(p.stat().st_size > 0 for p in written)

@@ -845,3 +845,28 @@ def test_tenon_keeps_at_most_the_backends_live_workflows(tmp_path: Path) -> None
     first_end = min(end for _, end in spans)
     assert sorted(s for s, _ in spans)[2] >= first_end  # the third waited for a place
     assert max(e["waited_s"] for e in starts) > 1.5
+
+
+def test_restartable_share_counts_every_judged_boundary(tmp_path: Path) -> None:
+    """Two of three boundaries restartable: the share is 2/3 in the residency events, in the
+    runtime's tally and in the runtime_stop event (the figure the bench summary reports)."""
+
+    async def body(rt, domain, backend, clock):
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(10, 20, 1.0, 0), timeout=60)
+        (sandbox,) = backend.live()
+        sandbox.leftovers = ["/dev/shm/seg"]  # state a later action could read
+        await agent.run(load(10, 20, 1.0, 0), timeout=60)
+        sandbox.leftovers = []
+        await agent.run(load(10, 20, 1.0, 0), timeout=60)
+        return [e["restartable"] for e in rt.events.of_kind("residency")], rt.boundary.tally
+
+    log = tmp_path / "events.jsonl"
+    judged, tally = run_with_runtime(tmp_path, body, event_log=log)
+    assert judged == [True, False, True]
+    assert (tally.num_checked, tally.num_restartable) == (3, 2)
+    assert tally.share == pytest.approx(2 / 3)
+    stop = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    assert stop["kind"] == "runtime_stop"
+    assert (stop["boundaries"], stop["restartable_boundaries"]) == (3, 2)
+    assert stop["restartable_share"] == pytest.approx(0.6667)

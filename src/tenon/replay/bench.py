@@ -40,6 +40,7 @@ from tenon.replay.schedule import (
     oversubscription,
 )
 from tenon.replay.trace import Trace, load_trace
+from tenon.runtime.boundary import BoundaryTally
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
 from tenon.sandbox.sim import SimBackend, SimDomain
@@ -100,8 +101,10 @@ def profiled_static_predictor(trace: Trace, config: PolicyConfig) -> StaticPredi
     return StaticPredictor.fit(measured, heavy_peak_bytes=config.heavy_peak_bytes)
 
 
-def summarize(records: list[WorkflowRecord], peak_memory_bytes: int) -> dict[str, Any]:
+def summarize(records: list[WorkflowRecord], peak_memory_bytes: int,
+              tally: BoundaryTally | None = None) -> dict[str, Any]:
     latencies = [r.latency_s for r in records]
+    share = None if tally is None or tally.share is None else round(tally.share, 4)
     return {
         "makespan_s": round(max((r.end_s for r in records), default=0.0), 3),
         "p50_latency_s": round(statistics.median(latencies), 3) if latencies else 0.0,
@@ -111,6 +114,7 @@ def summarize(records: list[WorkflowRecord], peak_memory_bytes: int) -> dict[str
         "attempts": sum(r.attempts for r in records),
         "failed_attempts": sum(r.failed_attempts for r in records),
         "completed": sum(r.completed for r in records),
+        "restartable_share": share,  # of the action boundaries the restart-safe check judged
     }
 
 
@@ -139,7 +143,7 @@ async def run_policy(
         records = await replay(rt, submissions, speed=config.speed,
                                max_retries=config.max_retries, on_done=on_done)
         peak = rt.domain.reading().peak_bytes
-    return summarize(records, peak)
+    return summarize(records, peak, rt.boundary.tally)
 
 
 async def _run_sim(config: BenchConfig, run_dir: Path, submissions: list[Submission],
@@ -155,7 +159,7 @@ async def _run_sim(config: BenchConfig, run_dir: Path, submissions: list[Submiss
         async with rt:
             records = await replay(rt, submissions, speed=config.speed,
                                    max_retries=config.max_retries, on_done=on_done)
-        return summarize(records, domain.peak_bytes)
+        return summarize(records, domain.peak_bytes, rt.boundary.tally)
 
     with tempfile.TemporaryDirectory(prefix="tenon-sim-") as tmp:
         return await run_simulated(main(Path(tmp)), clock, max_time_s=7 * 86_400)

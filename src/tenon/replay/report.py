@@ -44,13 +44,15 @@ def table_markdown(summary: dict[str, Any]) -> str:
                  "ends if it runs alone from its submission)")
     lines = [head, "",
              "| policy | completed | makespan (s) | p50 latency (s) | peak memory | OOM kills | "
-             "timeouts | attempts | failed attempts |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "timeouts | attempts | failed attempts | restartable boundaries |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in summary["policies"].items():
+        share = p.get("restartable_share")  # absent from summaries written before it was
         lines.append(
             f"| {name} | {p['completed']}/{summary['workflows']} | {p['makespan_s']:.1f} | "
             f"{p['p50_latency_s']:.1f} | {format_bytes(p['peak_memory_bytes'])} | "
-            f"{p['oom_events']} | {p['timeouts']} | {p['attempts']} | {p['failed_attempts']} |")
+            f"{p['oom_events']} | {p['timeouts']} | {p['attempts']} | {p['failed_attempts']} | "
+            f"{'-' if share is None else f'{share:.1%}'} |")
     if meta.get("interrupted_during"):
         lines += ["", f"Interrupted while running {meta['interrupted_during']}; "
                       "the policies above finished."]

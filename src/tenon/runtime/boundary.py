@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tenon.errors import RecoveryError
@@ -40,11 +41,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class BoundaryTally:
+    """Action boundaries the restart-safe check judged, and how many were restartable."""
+
+    num_checked: int = 0
+    num_restartable: int = 0
+
+    def add(self, restartable: bool) -> None:
+        self.num_checked += 1
+        self.num_restartable += restartable
+
+    @property
+    def share(self) -> float | None:
+        """The restartable fraction; None before any boundary."""
+        return self.num_restartable / self.num_checked if self.num_checked else None
+
+
 class Boundary:
     """Admission waiters, teardowns and rebuilds of one runtime."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self.tally = BoundaryTally()
         self._waiting: dict[str, tuple[RunningAction, asyncio.Future[AdmitDecision]]] = {}
 
     # -- admission ----------------------------------------------------------------
@@ -242,6 +261,7 @@ class Boundary:
         eligibility = check_restartable(sandbox, agent_has_logical_state=True)
         state.restartable, state.restart_reason = eligibility.restartable, eligibility.reason
         state.idle_bytes = last_usage
+        self.tally.add(eligibility.restartable)
         pressure = rt.pressure_now()
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
                           state.predicted_wait_s or 0.0, state.rank)
@@ -249,7 +269,8 @@ class Boundary:
                                       rt.clock.now(), rt.config)
         rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
                        reason=decision.reason, restartable=eligibility.restartable,
-                       eligibility=eligibility.reason, pressure=pressure.level.name.lower())
+                       eligibility=eligibility.reason, pressure=pressure.level.name.lower(),
+                       restartable_share=round(self.tally.share or 0.0, 4))
         if decision.action is not Residency.TEAR_DOWN:
             return
         if pressure.level is Pressure.GREEN:

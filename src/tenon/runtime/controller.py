@@ -258,7 +258,10 @@ class Runtime:
             await self._blocking(self.workspaces.unmount_all)
         except WorkspaceError as exc:
             logger.error("workspaces left mounted: %s", exc)
-        self.events.emit("runtime_stop")
+        tally = self.boundary.tally
+        self.events.emit("runtime_stop", boundaries=tally.num_checked,
+                         restartable_boundaries=tally.num_restartable,
+                         restartable_share=None if tally.share is None else round(tally.share, 4))
         self.events.close()
         self._recovery.close()
 
