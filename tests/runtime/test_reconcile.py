@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -124,3 +125,25 @@ def test_the_domain_name_is_fixed_on_first_use(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="belongs to workload domain"):
         domain_name(tmp_path, "tenon-other")
     assert domain_name(tmp_path / "fresh", "tenon-chosen") == "tenon-chosen"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_reconcile_hands_a_dead_sandboxs_root_back_to_root(tmp_path: Path) -> None:
+    """The uid a dead sandbox ran as goes back to the pool: its next holder must not enter
+    the root. What is inside keeps its owner (a rebuild under the same uid chowns one dir)."""
+    store = RecoveryStore(tmp_path / "recovery.sqlite")
+    workspaces = WorkspaceStore(tmp_path)
+    workspaces.create("a1")
+    root = workspaces.path_for("a1")
+    (root / "workspace" / "f.txt").write_text("x")
+    stale_uid = 1_700_000_007
+    for path in (root, root / "workspace", root / "workspace" / "f.txt"):
+        os.lchown(path, stale_uid, stale_uid)
+    root.chmod(0o755)
+    store.register("a1", "img", "process")
+
+    reconcile(store, workspaces)
+
+    st = root.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o700)
+    assert (root / "workspace" / "f.txt").stat().st_uid == stale_uid

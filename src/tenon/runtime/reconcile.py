@@ -29,7 +29,8 @@ from typing import Any
 
 from tenon.errors import RecoveryError, WorkspaceError
 from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
-from tenon.runtime.workspace import AGENT_ID_RE, WorkspaceStore
+from tenon.runtime.workspace import WorkspaceStore
+from tenon.sandbox.ownership import hide_persistent_root
 
 logger = logging.getLogger(__name__)
 
@@ -146,15 +147,12 @@ def reconcile(
 
 
 def _reconcile_workspaces(workspaces: WorkspaceStore, keep: set[str]) -> list[str]:
-    """Remove workspaces without a record (and mount the kept ones again, where the store
-    keeps mounted filesystems); the ids removed."""
-    root = workspaces.root
-    present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    orphans = [name for name in present if name not in keep and AGENT_ID_RE.fullmatch(name)]
-    managed = getattr(workspaces, "reconcile", None)
-    if managed is not None:  # the store owns mounts and images under its root too
-        removed = getattr(managed(keep), "removed", None)
-        return sorted(removed) if removed is not None else orphans
-    for name in orphans:
-        workspaces.delete(name)
-    return orphans
+    """Remove workspaces without a record, mount the kept ones again, and hand each kept
+    root back to root: the uid its dead sandbox ran as returns to the pool, and its next
+    holder must not enter the root. The ids removed."""
+    removed = list(workspaces.reconcile(keep).removed)
+    for agent_id in sorted(keep):
+        root = workspaces.path_for(agent_id)
+        if root.is_dir():
+            hide_persistent_root(root)
+    return removed
