@@ -159,8 +159,9 @@ def failure_script() -> Script:
     return Script("failures", (
         Step("ls /nonexistent", expect_exit=2),
         Step("python3 -c 'raise SystemExit(\"boom\")'", expect_exit=1),
-        # Long enough that the echo runs before the kill even on a loaded host.
-        Step("echo before the timeout; sleep 60", timeout_s=5, expect_exit=None,
+        # Long enough that the echo runs before the kill even on a loaded host; `exec`, so
+        # no shell outlives sleep to print "Killed" when the kill reaches sleep first.
+        Step("echo before the timeout; exec sleep 60", timeout_s=5, expect_exit=None,
              expect_timed_out=True),
         Step("sh -c 'exit 7'; echo previous exit $?; echo after > /tmp/after.txt"),
         Step("cat /tmp/after.txt && false", expect_exit=1),
