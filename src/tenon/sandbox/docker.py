@@ -50,7 +50,7 @@ from tenon.errors import (
     SandboxError,
     SandboxFrozen,
 )
-from tenon.host import nsinspect
+from tenon.host import nsinspect, procs
 from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.container_files import unexpected_writable_mounts, walk_upper, written_paths
@@ -78,6 +78,7 @@ _READY_TIMEOUT_S = 10.0
 # one pipe for both keeps the interleaving. The action is still exactly `sh -c command`.
 _MERGED_SH = ("/bin/sh", "-c", 'exec 2>&1; exec /bin/sh -c "$1"', "sh")
 _IO_GRACE_S = 0.1  # after the exec exits, how long a background holder may keep its output
+_REAP_TIMEOUT_S = 2.0  # how long a killed exec's process may take to be reaped by the shim
 _DAEMON_FIX = "start dockerd (systemctl start docker), or run: bash scripts/setup.sh"
 
 
@@ -459,6 +460,12 @@ class DockerSandbox:
         root_pid = int(info.get("Pid") or 0)
         logger.info("sandbox %s: timeout, killing tree of pid %d", self.spec.sandbox_id, root_pid)
         await kill_action(root_pid, self._pids, token, exclude=set(self.init_pids))
+        # The exec's own process is reaped by Docker's shim, not by us: until it is, the
+        # boundary's check would see it left in the sandbox and keep it resident.
+        # Nothing signals the reap: poll.
+        deadline = time.monotonic() + _REAP_TIMEOUT_S
+        while root_pid and procs.exists(root_pid) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
 
     def _pids(self) -> list[int]:
         try:
