@@ -9,22 +9,18 @@ domain), rebuilt from its recovery record, and the workspace is checked byte for
 from __future__ import annotations
 
 import hashlib
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from tenon.clock import SystemClock
-from tenon.errors import SandboxError
+from tenon.errors import BackendUnavailable, SandboxError
+from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
-from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import ResidencyManager
-from tenon.runtime.workspace import WorkspaceStore
-from tenon.sandbox.registry import make_backend
+from tenon.runtime.standalone import open_manager
 from tenon.units import MIB, format_bytes
 
 ACTION_TIMEOUT_S = 60.0
@@ -58,27 +54,13 @@ def _action(agent_id: str, burst_mib: int) -> str:
 async def run_demo(*, backend: str, budget_bytes: int, num_agents: int, state_dir: Path,
                    image: str, console: Console, burst_mib: int = 64) -> list[AgentOutcome]:
     """Run the demo; raise on any broken promise (lost workspace, failed rebuild)."""
-    domain = WorkloadDomain.open(f"tenon-demo-{uuid.uuid4().hex[:8]}", budget_bytes=budget_bytes)
     try:
-        with tempfile.TemporaryDirectory(prefix="tenon-demo-", dir=_ensure(state_dir)) as tmp:
-            impl = make_backend(backend, domain, state_dir)
-            problems = impl.check()
-            if problems:
-                raise SandboxError("backend not ready: " + "; ".join(problems))
-            recovery = RecoveryStore(Path(tmp) / "recovery.sqlite")
-            try:
-                manager = ResidencyManager(impl, WorkspaceStore(Path(tmp)), recovery,
-                                           SystemClock())
-                outcomes, resident_bytes, released_bytes, elapsed_s = await _exercise(
-                    manager, domain, num_agents, image, burst_mib, console)
-            finally:
-                recovery.close()
-    finally:
-        domain.remove()
-        if backend == "docker":
-            from tenon.sandbox.docker import remove_parent_cgroups
-
-            remove_parent_cgroups(domain.name)
+        async with open_manager(backend, state_dir=state_dir, budget_bytes=budget_bytes,
+                                prefix="tenon-demo", limits=DiskLimits()) as (manager, domain):
+            outcomes, resident_bytes, released_bytes, elapsed_s = await _exercise(
+                manager, domain, num_agents, image, burst_mib, console)
+    except BackendUnavailable as exc:
+        raise SandboxError(str(exc)) from exc
     table = Table("agent", "action", "teardown", "rebuilt action", "workspace and /tmp intact",
                   "scratch fresh",
                   title=f"{num_agents} agents on {backend}, budget {format_bytes(budget_bytes)}")

@@ -24,25 +24,20 @@ import contextlib
 import json
 import logging
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tenon.clock import SystemClock
-from tenon.errors import BackendUnavailable
-from tenon.host.domain import WorkloadDomain
-from tenon.runtime.recovery import RecoveryStore
+from tenon.host.diskfs import DiskLimits
+from tenon.runtime import standalone
 from tenon.runtime.residency import ResidencyManager, TeardownOutcome
-from tenon.runtime.workspace import WorkspaceStore
-from tenon.sandbox.registry import make_backend
+from tenon.runtime.statedir import DEFAULT_STATE_DIR
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "tenon-base:bookworm"
-DEFAULT_STATE_DIR = Path("/var/lib/tenon")
 COMPARED = ("exit_code", "timed_out", "output")
 
 
@@ -249,26 +244,11 @@ async def differential(manager: ResidencyManager, script: Script, *,
 @contextlib.asynccontextmanager
 async def open_manager(backend: str, *, state_dir: Path = DEFAULT_STATE_DIR,
                        budget_bytes: int | None = None) -> AsyncIterator[ResidencyManager]:
-    """A ResidencyManager on a real backend in its own workload domain and scratch state
-    directory (plain-directory workspaces), all removed on exit."""
-    domain = WorkloadDomain.open(f"tenon-diff-{uuid.uuid4().hex[:8]}", budget_bytes=budget_bytes)
-    try:
-        await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="tenon-diff-", dir=state_dir) as tmp:
-            impl = make_backend(backend, domain, state_dir)
-            if problems := impl.check():
-                raise BackendUnavailable(f"backend {backend} not ready: {'; '.join(problems)}")
-            recovery = RecoveryStore(Path(tmp) / "recovery.sqlite")
-            try:
-                yield ResidencyManager(impl, WorkspaceStore(Path(tmp)), recovery, SystemClock())
-            finally:
-                recovery.close()
-    finally:
-        domain.remove()
-        if backend == "docker":
-            from tenon.sandbox.docker import remove_parent_cgroups
-
-            remove_parent_cgroups(domain.name)
+    """A ResidencyManager on a real backend with workspaces as the runtime makes them
+    (each agent's root its own filesystem), all removed on exit."""
+    async with standalone.open_manager(backend, state_dir=state_dir, budget_bytes=budget_bytes,
+                                       prefix="tenon-diff", limits=DiskLimits()) as (manager, _):
+        yield manager
 
 
 async def run_corpus(backend: str, scripts: Sequence[Script], *,

@@ -305,6 +305,8 @@ class WorkspaceStore:
         image = self.image_for(agent_id)
         if self._limits is None or not image.exists():
             return path
+        if os.path.ismount(path):  # the usual case, at every rebuild: one stat, no mountinfo
+            return path
         try:
             path.mkdir(mode=_PRIVATE_MODE, exist_ok=True)
             if diskfs.mounted_at(path) is None:
