@@ -32,6 +32,7 @@ from tenon.policy.residency import (
 from tenon.runtime.agents import AgentState
 from tenon.runtime.eligibility import check_restartable
 from tenon.runtime.execution import RunningAction
+from tenon.runtime.residency import BlockingRunner
 from tenon.runtime.results import AgentClosed
 from tenon.sandbox.base import Sandbox
 
@@ -61,8 +62,9 @@ class BoundaryTally:
 class Boundary:
     """Admission waiters, teardowns and rebuilds of one runtime."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, blocking: BlockingRunner) -> None:
         self._rt = runtime
+        self._blocking = blocking
         self.tally = BoundaryTally()
         self._waiting: dict[str, tuple[RunningAction, asyncio.Future[AdmitDecision]]] = {}
 
@@ -255,10 +257,13 @@ class Boundary:
 
     # -- residency ------------------------------------------------------------------
 
-    def after_action(self, state: AgentState, sandbox: Sandbox, *, last_usage: int) -> None:
-        """Action-done: check restart safety (fail closed), then retain or tear down."""
+    async def after_action(self, state: AgentState, sandbox: Sandbox, *, last_usage: int) -> None:
+        """Action-done: check restart safety (fail closed), then retain or tear down.
+
+        The check reads the sandbox's processes and namespaces off the event loop (the agent
+        stays busy meanwhile, so nothing reclaims it on its previous boundary's verdict)."""
         rt = self._rt
-        eligibility = check_restartable(sandbox, agent_has_logical_state=True)
+        eligibility = await self._blocking(check_restartable, sandbox, True)
         state.restartable, state.restart_reason = eligibility.restartable, eligibility.reason
         state.idle_bytes = last_usage
         self.tally.add(eligibility.restartable)

@@ -211,7 +211,7 @@ class Runtime:
         self.waker = Waker()
         self.agents: dict[str, AgentState] = {}
         self.actions: dict[str, RunningAction] = {}
-        self.boundary = Boundary(self)
+        self.boundary = Boundary(self, blocking)
         self._ids = itertools.count(1)
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -493,7 +493,7 @@ class Runtime:
             self.events.emit("oom_kill", action_id=action.action_id, agent_id=state.agent_id,
                              sandbox_id=action.gate_id, num_kills=oom_kills)
         if not outcome.fails_attempt and self.spec.use_residency:
-            self.boundary.after_action(state, sandbox, last_usage=idle_bytes)
+            await self.boundary.after_action(state, sandbox, last_usage=idle_bytes)
         if not outcome.fails_attempt and not state.closed:  # a closed agent has no record
             # before any teardown of this boundary runs: a crash later restores by it
             checked = self.spec.use_residency

@@ -212,7 +212,8 @@ class ResidencyManager:
         step = "validate"
         try:
             self._fault(step, agent_id)
-            eligibility = check_restartable(sandbox, agent_has_logical_state)
+            eligibility = await self._blocking(check_restartable, sandbox,
+                                               agent_has_logical_state)
             if not eligibility.restartable:
                 return TeardownResult(agent_id, "kept_resident", eligibility.reason, step=step)
             step = "capture"
@@ -355,8 +356,8 @@ class ResidencyManager:
             if await self._reap_slot(agent_id, slot):
                 raise SandboxError(f"agent {agent_id}: sandbox could not be destroyed")
             self._recovery.delete(agent_id)
-            if delete_workspace:
-                self._workspaces.delete(agent_id)
+            if delete_workspace:  # unmounting and removing it is disk work: off the loop
+                await self._blocking(self._workspaces.delete, agent_id)
         self._slots.pop(agent_id, None)
 
     # -- helpers ---------------------------------------------------------------
