@@ -43,9 +43,11 @@ _SYSV_KINDS = ("shm", "msg", "sem")
 _T = TypeVar("_T")
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def _setns(fd: int, nstype: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, nstype) != 0:
+    if _LIBC.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setns: {os.strerror(err)}")
 

@@ -11,6 +11,7 @@ each sandbox at `SANDBOX_HELPER`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -30,6 +31,7 @@ SANDBOX_HELPER = f"{SANDBOX_HELPER_DIR}/{HELPER_NAME}"
 _BUILD_FIX = "run: python -m tenon.sandbox.seccomp build (needs gcc and libseccomp-dev)"
 
 
+@functools.cache  # the source does not change under a running controller
 def _source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
 
