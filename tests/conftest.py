@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +47,40 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             _docker_problem.append(str(exc))
     if _docker_problem[0] is not None:
         pytest.skip(_docker_problem[0])
+
+
+@pytest.fixture
+def docker_backend() -> Iterator[Any]:
+    """A DockerBackend in a fresh 1 GiB workload domain (skips, naming why, without root,
+    a Docker Engine or the base image); afterwards its containers, domain and parent
+    cgroups are gone."""
+    import docker.errors
+
+    from tenon.errors import BackendUnavailable
+    from tenon.host.domain import WorkloadDomain
+    from tenon.sandbox.docker import (
+        DockerBackend,
+        cleanup_domain_containers,
+        connect,
+        remove_parent_cgroups,
+    )
+
+    image = "tenon-base:bookworm"
+    if os.geteuid() != 0:
+        pytest.skip("the docker backend needs root (cgroup domain, workspace owners)")
+    try:
+        client = connect(timeout_s=30)
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        client.close()
+        pytest.skip(f"{image} missing; run: tenon image build")
+    domain = WorkloadDomain.open(f"tenon-test-{uuid.uuid4().hex[:8]}", budget_bytes=1 << 30)
+    yield DockerBackend(domain, client=client)
+    cleanup_domain_containers(client, domain.name)
+    domain.remove()
+    remove_parent_cgroups(domain.name)
+    assert list(Path("/sys/fs/cgroup").glob(f"*/{domain.name}")) == []
+    client.close()

@@ -96,36 +96,8 @@ def sandbox_network_restored() -> Iterator[None]:
 
 
 @pytest.fixture
-def backend(sandbox_network_restored: None) -> Iterator[Any]:
-    import docker.errors
-
-    from tenon.errors import BackendUnavailable
-    from tenon.host.domain import WorkloadDomain
-    from tenon.sandbox.docker import (
-        DockerBackend,
-        cleanup_domain_containers,
-        connect,
-        remove_parent_cgroups,
-    )
-
-    if os.geteuid() != 0:
-        pytest.skip("the docker backend needs root (cgroup domain, workspace owners)")
-    try:
-        client = connect(timeout_s=30)
-    except BackendUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        client.close()
-        pytest.skip(f"{IMAGE} missing; run: tenon image build")
-    domain = WorkloadDomain.open(f"tenon-test-{uuid.uuid4().hex[:8]}", budget_bytes=1024 * MIB)
-    yield DockerBackend(domain, client=client)
-    cleanup_domain_containers(client, domain.name)
-    domain.remove()
-    remove_parent_cgroups(domain.name)
-    assert list(Path("/sys/fs/cgroup").glob(f"*/{domain.name}")) == []
-    client.close()
+def backend(sandbox_network_restored: None, docker_backend: Any) -> Any:
+    return docker_backend
 
 
 @pytest.fixture

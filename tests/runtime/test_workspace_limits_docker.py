@@ -23,35 +23,10 @@ OTHER_UID = 100001
 
 
 @pytest.fixture
-def backend():
-    import docker.errors
-
-    from tenon.errors import BackendUnavailable
-    from tenon.host.domain import WorkloadDomain
-    from tenon.sandbox.docker import (
-        DockerBackend,
-        cleanup_domain_containers,
-        connect,
-        remove_parent_cgroups,
-    )
-
+def backend(docker_backend):
     if problems := diskfs.check():
         pytest.skip("; ".join(problems))
-    try:
-        client = connect(timeout_s=30)
-    except BackendUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        client.close()
-        pytest.skip(f"{IMAGE} missing; run: tenon image build")
-    domain = WorkloadDomain.open(f"tenon-test-{uuid.uuid4().hex[:8]}", budget_bytes=1024 * MIB)
-    yield DockerBackend(domain, client=client)
-    cleanup_domain_containers(client, domain.name)
-    domain.remove()
-    remove_parent_cgroups(domain.name)
-    client.close()
+    return docker_backend
 
 
 @pytest.fixture
