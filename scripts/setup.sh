@@ -38,7 +38,7 @@ fi
 stamp=.venv/.tenon-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   log "installing Python dependencies (pinned in pyproject.toml)"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,minisweagent]'
   touch "$stamp"
 fi
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -52,6 +53,39 @@ class ExecResult:
     truncated: bool
     duration_s: float
     timed_out: bool = False
+
+
+class ExecControl(Protocol):
+    """A command started with an `ExecIO`, as its caller steers it while it runs."""
+
+    async def write_stdin(self, data: bytes) -> None:
+        """Feed the command's stdin (SandboxError when it was not opened or is closed)."""
+        ...
+
+    async def close_stdin(self) -> None: ...
+
+    async def signal(self, signum: int) -> None:
+        """Send `signum` to the command's whole process tree (SIGKILL ends it)."""
+        ...
+
+
+@dataclass
+class ExecIO:
+    """An interactive command's streams and settings (what the E2B API offers a client).
+
+    With an `ExecIO`, `Sandbox.exec` keeps stdout and stderr apart and hands each chunk to
+    its callback as it arrives (the `ExecResult` still carries both, interleaved and
+    bounded), opens a stdin pipe when `stdin` is set, runs in `cwd` (default /workspace)
+    with `env` added to the sandbox's, and calls `on_start` once the command runs, with the
+    control to write its stdin and signal it.
+    """
+
+    on_stdout: Callable[[bytes], None] | None = None
+    on_stderr: Callable[[bytes], None] | None = None
+    stdin: bool = False
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    on_start: Callable[[ExecControl], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,9 +161,10 @@ class Sandbox(Protocol):
         ...
 
     async def exec(
-        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
+        io: ExecIO | None = None,
     ) -> ExecResult:
-        """Run `command` under /bin/sh -c as a fresh process in /workspace.
+        """Run `command` under /bin/sh -c as a fresh process in /workspace (`io.cwd`).
 
         `timeout_s` bounds the action's running time: time the gate holds the sandbox
         frozen does not count. On timeout the action's whole process tree is killed and the
