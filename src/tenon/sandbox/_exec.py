@@ -7,8 +7,9 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +98,36 @@ async def kill_action(
     procs.kill_pids([root_pid], signal.SIGKILL)
 
 
-class OutputCapture:
-    """Drains a pipe's read end, keeping at most `max_bytes`; never stops reading, so the
-    writer never blocks on a full pipe."""
+class OutputBuffer:
+    """An action's output as `ExecResult` reports it: every stream's chunks in arrival
+    order, keeping at most `max_bytes` (the rest is counted as truncated, never stored)."""
 
-    def __init__(self, read_fd: int, max_bytes: int) -> None:
-        self._fd = read_fd
+    def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max(max_bytes, 0)
         self._buf = bytearray()
         self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        room = self._max_bytes - len(self._buf)
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            self._buf += data[:room]
+
+    def text(self) -> str:
+        return self._buf.decode(errors="replace")
+
+
+class OutputCapture:
+    """Drains a pipe's read end into `sink`, handing each chunk to `on_chunk` (in the event
+    loop, as it arrives); never stops reading, so the writer never blocks on a full pipe.
+    An exception from `on_chunk` is logged and the draining goes on."""
+
+    def __init__(self, read_fd: int, sink: OutputBuffer,
+                 on_chunk: Callable[[bytes], None] | None = None) -> None:
+        self._fd = read_fd
+        self._sink = sink
+        self._on_chunk = on_chunk
         self._loop = asyncio.get_running_loop()
         self._eof: asyncio.Future[None] = self._loop.create_future()
         os.set_blocking(read_fd, False)
@@ -125,11 +147,12 @@ class OutputCapture:
         if not data:
             self._release()
             return False
-        room = self._max_bytes - len(self._buf)
-        if len(data) > room:
-            self.truncated = True
-        if room > 0:
-            self._buf += data[:room]
+        self._sink.add(data)
+        if self._on_chunk is not None:
+            try:
+                self._on_chunk(data)
+            except Exception:
+                logger.exception("an output callback failed; the output is still captured")
         return True
 
     async def wait_eof(self, timeout_s: float) -> bool:
@@ -154,8 +177,97 @@ class OutputCapture:
         if not self._eof.done():
             self._eof.set_result(None)
 
-    def text(self) -> str:
-        return self._buf.decode(errors="replace")
+
+class StdinPipe:
+    """The write end of an action's stdin pipe, written without blocking the event loop.
+
+    Writes wait while the pipe is full (the command, or the gate holding it, sets the pace);
+    after `close` (EOF for the command) or once nothing reads the pipe any more, a write
+    raises SandboxError.
+    """
+
+    def __init__(self, write_fd: int) -> None:
+        self._fd = write_fd
+        self._loop = asyncio.get_running_loop()
+        self._lock = asyncio.Lock()
+        self._waiter: asyncio.Future[None] | None = None
+        os.set_blocking(write_fd, False)
+
+    async def write(self, data: bytes) -> None:
+        async with self._lock:  # concurrent writes never interleave their bytes
+            view = memoryview(data)
+            while view:
+                if self._fd < 0:
+                    raise SandboxError("the command's stdin is closed")
+                try:
+                    view = view[os.write(self._fd, view):]
+                except BlockingIOError:
+                    await self._writable()
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise SandboxError("the command no longer reads its stdin") from exc
+
+    async def _writable(self) -> None:
+        waiter = self._waiter = self._loop.create_future()
+
+        def ready() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        self._loop.add_writer(self._fd, ready)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if self._fd >= 0:
+                self._loop.remove_writer(self._fd)
+
+    def close(self) -> None:
+        """Close the write end (idempotent); a write waiting for room fails."""
+        if self._fd < 0:
+            return
+        self._loop.remove_writer(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(SandboxError("the command's stdin was closed"))
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def exec_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A command's own variables, checked: POSIX names, no NUL in a value. The action's
+    exec id is the runtime's and is dropped (the kill of a timed-out tree relies on it)."""
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise SandboxError(f"invalid environment variable name {name!r}")
+        if "\0" in value:
+            raise SandboxError(f"environment variable {name} holds a NUL byte")
+    return {name: value for name, value in env.items() if name != EXEC_ID_VAR}
+
+
+# Runs the command in a directory, with variables added, as `sh -c command` (exec'd, so the
+# action's tree has the same shape as without): $1 the directory, $2 the count of NAME=VALUE
+# pairs that follow, then the command. A missing directory fails as the shell's cd does,
+# message on stderr and exit code 2, before anything runs.
+CWD_ENV_SH = (
+    'cd -- "$1" || exit; n=$2; shift 2; '
+    'while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done; '
+    'exec /bin/sh -c "$1"'
+)
+
+
+def cwd_env_argv(cwd: str, env: Mapping[str, str], command: str) -> list[str]:
+    """argv running `command` in `cwd` (a path inside the sandbox) with `env` exported."""
+    pairs = [f"{name}={value}" for name, value in env.items()]
+    return ["/bin/sh", "-c", CWD_ENV_SH, "sh", cwd, str(len(pairs)), *pairs, command]
+
+
+def signal_action(root_pid: int, candidates: Iterable[int], exec_id: str, signum: int, *,
+                  exclude: set[int]) -> list[int]:
+    """Send `signum` to every live process of the action's tree but `exclude`; the pids hit."""
+    pids = action_pids(root_pid, candidates, exec_id) - exclude
+    return procs.kill_pids(sorted(p for p in pids if procs.is_alive(p)), signum)
 
 
 async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,

@@ -6,6 +6,11 @@ is an `ExecResult` or a callable). A callable receives the sandbox and the comma
 may really touch `sandbox.spec.workspace`, so workspace round trips are meaningful. When
 a queue runs out, exec raises `FakeScriptExhausted` instead of inventing a result.
 
+With an `ExecIO`, exec calls `on_start` once with a `FakeControl`; when stdin is asked for,
+it waits until the caller closes stdin (or signals the command, which then ends with
+-signum and consumes no step) and runs the step with what was written in
+`sandbox.last_stdin`; the step's output then goes to `on_stdout` in one chunk.
+
 Faults are named by operation ("materialize", "exec", "processes", "leftover_state",
 "destroy"). `fail_on` takes either names (fail every time) or a mapping from name to a
 count (fail that many times, then succeed), so retry paths can be driven exactly.
@@ -16,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from tenon.errors import SandboxDied, SandboxError, SandboxFrozen
-from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.base import ExecIO, ExecResult, ProcessInfo, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +103,43 @@ def _normalize(value: StepReturn, max_output_bytes: int) -> ExecResult:
     return ExecResult(exit_code=0, output=output, truncated=truncated, duration_s=0.0)
 
 
+# Signals whose default action leaves a process running.
+_HARMLESS_SIGNALS = frozenset({signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH})
+
+
+class FakeControl:
+    """`ExecControl` of a fake or simulated command: records stdin and signals.
+
+    `ended` is set once stdin is closed or a signal that would end a process arrived
+    (`signalled` is then that signal); after `finish`, writes raise SandboxError.
+    """
+
+    def __init__(self, stdin: bool) -> None:
+        self._stdin_open = stdin
+        self.stdin = bytearray()
+        self.signals: list[int] = []
+        self.signalled: int | None = None
+        self.ended = asyncio.Event()
+
+    async def write_stdin(self, data: bytes) -> None:
+        if not self._stdin_open:
+            raise SandboxError("the command's stdin is not open")
+        self.stdin += data
+
+    async def close_stdin(self) -> None:
+        self._stdin_open = False
+        self.ended.set()
+
+    async def signal(self, signum: int) -> None:
+        self.signals.append(signum)
+        if signum not in _HARMLESS_SIGNALS and self.signalled is None:
+            self.signalled = signum
+            self.ended.set()
+
+    def finish(self) -> None:
+        self._stdin_open = False
+
+
 class FakeSandbox:
     """A live fake sandbox. Leftover processes and outside writes are plain attributes."""
 
@@ -113,6 +156,7 @@ class FakeSandbox:
         self.frozen = False
         self.destroyed = False
         self.commands: list[str] = []
+        self.last_stdin = b""  # what the latest command with stdin was fed
 
     @property
     def spec(self) -> SandboxSpec:
@@ -138,7 +182,8 @@ class FakeSandbox:
         self._queue.extend(steps)
 
     async def exec(
-        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
+        io: ExecIO | None = None,
     ) -> ExecResult:
         if self.destroyed:
             raise SandboxDied(f"fake sandbox {self._spec.sandbox_id} was destroyed")
@@ -146,6 +191,28 @@ class FakeSandbox:
             raise SandboxFrozen(f"fake sandbox {self._spec.sandbox_id} is frozen")
         self._backend.faults.hit("exec", self._spec.sandbox_id)
         self.commands.append(command)
+        if io is None:
+            return self._run_step(command, max_output_bytes)
+        control = FakeControl(io.stdin)
+        try:
+            if io.on_start is not None:
+                io.on_start(control)
+            if io.stdin:
+                try:
+                    await asyncio.wait_for(control.ended.wait(), timeout_s)
+                except TimeoutError:
+                    return ExecResult(-9, "", False, timeout_s, timed_out=True)
+                self.last_stdin = bytes(control.stdin)
+            if control.signalled is not None:
+                return ExecResult(-control.signalled, "", False, 0.0)
+            result = self._run_step(command, max_output_bytes)
+        finally:
+            control.finish()
+        if result.output and io.on_stdout is not None:
+            io.on_stdout(result.output.encode())
+        return result
+
+    def _run_step(self, command: str, max_output_bytes: int) -> ExecResult:
         if self._callable is not None:
             step: ExecResult | ExecStep = self._callable
         elif self._queue:

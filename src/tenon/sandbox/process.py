@@ -49,14 +49,26 @@ from tenon.host.domain import SandboxCgroup, WorkloadDomain
 from tenon.sandbox import seccomp
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
+    OutputBuffer,
     OutputCapture,
+    StdinPipe,
+    cwd_env_argv,
     describe,
     enter_cgroup_argv,
+    exec_env,
     kill_action,
     read_child_pid,
+    signal_action,
     wait_ready,
 )
-from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.base import (
+    HOME_DIR,
+    PERSISTENT_MOUNTS,
+    ExecIO,
+    ExecResult,
+    ProcessInfo,
+    SandboxSpec,
+)
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
@@ -69,6 +81,7 @@ SANDBOX_UID = 1000  # uid/gid inside the sandbox
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 10.0
 OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may keep the pipe
+_HELD_POLL_S = 0.02  # how often a SIGKILL asked for while the gate holds the sandbox looks again
 _READY = b"tenon-ready\n"
 _STAGE_SH = 'mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 && exec "$@"'
 _INIT_SH = f"echo {_READY.decode().strip()}; exec sleep infinity </dev/null >/dev/null 2>&1"
@@ -336,6 +349,91 @@ def _init_pid(cgroup: SandboxCgroup, child_pid: int) -> int:
     raise SandboxDied(f"sandbox init under pid {child_pid} is gone")
 
 
+class _ActionPipes:
+    """An action's pipes: stdout and stderr (one pipe for both unless `separate`), and stdin
+    (/dev/null unless `stdin`). Leaving the block closes the child's ends, and the parent's
+    ends nobody took (spawning failed)."""
+
+    def __init__(self, *, separate: bool, stdin: bool) -> None:
+        self._fds: list[int] = []
+        self._out_r, self.child_out = self._pipe()
+        self._err_r, self.child_err = self._pipe() if separate else (-1, self.child_out)
+        self.child_stdin: int = asyncio.subprocess.DEVNULL
+        self._in_w = -1
+        if stdin:
+            self.child_stdin, self._in_w = self._pipe()
+
+    def _pipe(self) -> tuple[int, int]:
+        read_fd, write_fd = os.pipe()
+        self._fds += [read_fd, write_fd]
+        return read_fd, write_fd
+
+    def _take(self, fd: int) -> int:
+        self._fds.remove(fd)
+        return fd
+
+    def take_out(self) -> int:
+        return self._take(self._out_r)
+
+    def take_err(self) -> int:
+        return self._take(self._err_r)
+
+    def take_stdin(self) -> StdinPipe | None:
+        return StdinPipe(self._take(self._in_w)) if self._in_w >= 0 else None
+
+    def __enter__(self) -> _ActionPipes:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+class _ProcessControl:
+    """`ExecControl` of one running action; inert once the action's exec has returned."""
+
+    def __init__(self, sandbox: ProcessSandbox, proc: asyncio.subprocess.Process,
+                 exec_id: str, stdin: StdinPipe | None) -> None:
+        self._sandbox = sandbox
+        self._proc = proc
+        self._exec_id = exec_id
+        self._stdin = stdin
+        self._done = False
+
+    async def write_stdin(self, data: bytes) -> None:
+        if self._stdin is None:
+            raise SandboxError("the command was started without stdin")
+        await self._stdin.write(data)
+
+    async def close_stdin(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
+
+    async def signal(self, signum: int) -> None:
+        """Signal the action's processes inside the sandbox (nsenter, outside it, is spared:
+        it reaps the action's shell). SIGKILL ends the whole tree (`kill_action`) and waits
+        while the gate holds the sandbox (a frozen process cannot die of it until thawed)."""
+        sandbox, root_pid = self._sandbox, self._proc.pid
+        if signum != signal.SIGKILL:
+            if not self._done:
+                signal_action(root_pid, sandbox.cgroup.pids(), self._exec_id, signum,
+                              exclude={*sandbox._own_pids, root_pid})
+            return
+        with contextlib.suppress(OSError):  # the cgroup is gone with the sandbox
+            while not self._done and sandbox.cgroup.is_frozen():  # noqa: ASYNC110 - the freezer
+                await asyncio.sleep(_HELD_POLL_S)
+        if not self._done:
+            await kill_action(root_pid, sandbox.cgroup.pids, self._exec_id,
+                              exclude=sandbox._own_pids)
+
+    def finish(self) -> None:
+        """The action is over: stdin gets EOF, writes fail, signals are ignored."""
+        self._done = True
+        if self._stdin is not None:
+            self._stdin.close()
+
+
 class ProcessSandbox:
     """A live bubblewrap sandbox."""
 
@@ -382,37 +480,43 @@ class ProcessSandbox:
             raise SandboxFrozen(f"sandbox {self._spec.sandbox_id} is frozen by the gate")
 
     async def exec(self, command: str, *, timeout_s: float,
-                   max_output_bytes: int = 65536) -> ExecResult:
+                   max_output_bytes: int = 65536, io: ExecIO | None = None) -> ExecResult:
         self._ensure_usable()
         exec_id = uuid.uuid4().hex
         env = {"PATH": SANDBOX_PATH, "HOME": HOME_DIR, "LANG": "C.UTF-8",
                **self._spec.env, EXEC_ID_VAR: exec_id}
+        # The client's cwd and variables apply inside the sandbox only: the host-side
+        # helpers (the cgroup entry, setpriv, nsenter) run as root with `env` alone.
+        inner = (["/bin/sh", "-c", command] if io is None
+                 else cwd_env_argv(io.cwd or PERSISTENT_MOUNTS["workspace"], exec_env(io.env),
+                                   command))
         argv = enter_cgroup_argv(self.cgroup.procs_files(), [
             self._tools["setpriv"], "--no-new-privs", "--", self._tools["nsenter"],
             "-t", str(self.child_pid), "-U", "-m", "-p", "-n", "-u", "-i", "-C",
             "-r", "--wdns=/workspace", "-S", str(SANDBOX_UID), "-G", str(SANDBOX_UID),
-            "--", seccomp.SANDBOX_HELPER, "/bin/sh", "-c", command,
+            "--", seccomp.SANDBOX_HELPER, *inner,
         ])
         start = time.perf_counter()
-        out_r, out_w = os.pipe()
-        try:
+        output = OutputBuffer(max_output_bytes)
+        with _ActionPipes(separate=io is not None, stdin=io is not None and io.stdin) as pipes:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                *argv, stdin=pipes.child_stdin, stdout=pipes.child_out, stderr=pipes.child_err,
                 env=env, start_new_session=True,
             )
-        except BaseException:
-            os.close(out_r)
-            raise
-        finally:
-            os.close(out_w)
-        capture = OutputCapture(out_r, max_output_bytes)
+            captures = [OutputCapture(pipes.take_out(), output, io.on_stdout if io else None)]
+            if io is not None:
+                captures.append(OutputCapture(pipes.take_err(), output, io.on_stderr))
+            stdin = pipes.take_stdin()
+        control = _ProcessControl(self, proc, exec_id, stdin)
         timed_out = False
         try:
+            if io is not None and io.on_start is not None:
+                io.on_start(control)
             timed_out = not await _wait_running(proc, self.cgroup, start, timeout_s)
             if timed_out:
                 await kill_action(proc.pid, self.cgroup.pids, exec_id, exclude=self._own_pids)
                 await proc.wait()
-            await capture.wait_eof(OUTPUT_GRACE_S)
+            await asyncio.gather(*(c.wait_eof(OUTPUT_GRACE_S) for c in captures))
         except BaseException:  # cancelled: leave nothing of the action behind
             with contextlib.suppress(OSError):
                 self.cgroup.thaw()  # a held action cannot die of SIGKILL until thawed
@@ -420,11 +524,13 @@ class ProcessSandbox:
                                              exclude=self._own_pids))
             raise
         finally:
-            capture.close()
+            control.finish()
+            for capture in captures:
+                capture.close()
         code = proc.returncode if proc.returncode is not None else -9
         if code == 125 and not timed_out and self._proc.returncode is not None:
             raise SandboxDied(f"sandbox {self._spec.sandbox_id} died during the action")
-        return ExecResult(exit_code=code, output=capture.text(), truncated=capture.truncated,
+        return ExecResult(exit_code=code, output=output.text(), truncated=output.truncated,
                           duration_s=time.perf_counter() - start, timed_out=timed_out)
 
     def processes(self) -> list[ProcessInfo]:

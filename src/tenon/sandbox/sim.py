@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from tenon.clock import Clock
 from tenon.errors import ConfigError, SandboxDied, SandboxError, SandboxFrozen
 from tenon.host.types import CgroupVersion, GateResult, MemoryReading
-from tenon.sandbox.base import ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.base import ExecIO, ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.fake import FakeControl
 
 logger = logging.getLogger(__name__)
 
@@ -261,13 +262,19 @@ class SimSandbox:
         return self._spec.sandbox_id
 
     async def exec(self, command: str, *, timeout_s: float,
-                   max_output_bytes: int = 65536) -> ExecResult:
+                   max_output_bytes: int = 65536, io: ExecIO | None = None) -> ExecResult:
+        """Run a load command. With `io`, streams are ignored (the output is only in the
+        result) but `on_start` gets a control whose ending signal kills the action (exit
+        -signum) at the next simulation step."""
         if self.destroyed:
             raise SandboxDied(f"sim sandbox {self._spec.sandbox_id} was destroyed")
         if self.cgroup.frozen:
             raise SandboxFrozen(f"sim sandbox {self._spec.sandbox_id} is frozen")
         load = parse_sim_command(command)
         self.commands.append(command)
+        control = FakeControl(io is not None and io.stdin)
+        if io is not None and io.on_start is not None:
+            io.on_start(control)
         cg = self.cgroup
         start = last = self._clock.now()
         existing = cg.resident_bytes
@@ -277,6 +284,9 @@ class SimSandbox:
             cg.set_anon(anon_level(load, existing, 0.0))
             held_at_start = cg.held_total_s
             while progress < load.duration_s and not cg.oom_killed:
+                if control.signalled is not None:
+                    cg.anon_bytes = 0
+                    return ExecResult(-control.signalled, "", False, self._clock.now() - start)
                 running_s = self._clock.now() - start - (cg.held_total_s - held_at_start)
                 if running_s >= timeout_s:  # held time does not count toward the timeout
                     cg.anon_bytes = 0
@@ -295,6 +305,7 @@ class SimSandbox:
                     cg.set_anon(anon_level(load, existing, progress))
         finally:
             cg.running = False
+            control.finish()
         elapsed = self._clock.now() - start
         if cg.oom_killed:
             return ExecResult(-9, "Killed\n", False, elapsed)
