@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: install only what is missing, so a warm machine starts fast.
-pkgs=(bubblewrap mmdebstrap docker.io util-linux iproute2 procps ca-certificates e2fsprogs gcc libseccomp-dev slirp4netns)
+pkgs=(bubblewrap mmdebstrap docker.io util-linux iproute2 procps ca-certificates e2fsprogs gcc libseccomp-dev slirp4netns prometheus chromium-headless-shell)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi
@@ -22,6 +22,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Debian's prometheus starts a daemon on :9090 and enables it at boot (its recommended
+  # node exporter one on :9100): the tests start their own Prometheus on a free loopback
+  # port, so none of the package's own may run, now or after a reboot.
+  for svc in prometheus prometheus-node-exporter; do
+    [[ " ${missing[*]} " == *" prometheus "* && -e "/etc/init.d/$svc" ]] || continue
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    else
+      service "$svc" stop >/dev/null 2>&1 || true
+      update-rc.d "$svc" disable >/dev/null 2>&1 || true
+    fi
+  done
 fi
 
 # Python 3.11 virtualenv with the pinned dependencies.

@@ -4,7 +4,8 @@ Each event has `t` (the runtime clock, seconds since the runtime started), `kind
 kind-specific fields. Lines are written whole and flushed, so a crash loses at most the
 event being written and a reader (`tenon report`) can follow a live run. A full disk does
 not stop the controller: the first write error is logged, counted and later events are
-dropped (the count is in `num_dropped`).
+dropped (the count is in `num_dropped`). Subscribers (`subscribe`) are handed every event
+as it is emitted; one that raises is logged and never stops the emit.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ class EventLog:
         self._file: IO[str] | None = None
         self.num_dropped = 0
         self.events: list[dict[str, Any]] | None = [] if keep_in_memory or path is None else None
+        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")
 
+    def elapsed(self) -> float:
+        """The `t` an event emitted now would carry (seconds since the log started)."""
+        return round(self._now() - self._t0, 4)
+
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"t": round(self._now() - self._t0, 4), "kind": kind, **fields}
+        event = {"t": self.elapsed(), "kind": kind, **fields}
         if self.events is not None:
             self.events.append(event)
         if self._file is not None:
@@ -47,7 +53,23 @@ class EventLog:
                 if self.num_dropped == 0:
                     logger.error("event log %s: write failed, dropping events: %s", self.path, exc)
                 self.num_dropped += 1
+        for callback in tuple(self._subscribers):
+            try:
+                callback(event)
+            except Exception:  # an observer's bug must not reach the controller
+                logger.exception("event subscriber %r failed on %s", callback, kind)
         return event
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Hand every later event to `callback` (synchronously, in the emitting task; it
+        must be cheap and must not mutate the event). Returns the call that unsubscribes."""
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+        return unsubscribe
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         """In-memory events of one kind (tests, summaries)."""
