@@ -1,0 +1,556 @@
+"""Host-side file access to a sandbox's filesystem, confined by the kernel.
+
+A sandbox path maps to a host directory that plays "/" for it ("the top"):
+/workspace/..., /home/user/... and /tmp/... go to `root/workspace`, `root/home` and
+`root/tmp` (`PERSISTENT_MOUNTS`), read-write; any other absolute path goes to `image_root`
+(the base rootfs), read-only, and is not found without one. A relative path, `~` and
+`~/...` are relative to /home/user. `..` is collapsed lexically first, as envd does.
+
+Invariants:
+- Every host path is opened by openat2(2) from an fd of the top with RESOLVE_IN_ROOT and
+  RESOLVE_NO_MAGICLINKS: the kernel resolves each component, symlinks included (absolute
+  ones as if the top were "/"), so nothing resolves outside the top, and a symlink swapped
+  in between a check and a use is resolved again, inside the top. The final component of
+  remove and rename is acted on through its parent's fd (`*at` calls, no following): they
+  act on a link itself, as envd does. Trees are removed fd-relative (`shutil.rmtree` with
+  `dir_fd`), which never follows a symlink.
+- A symlink whose target lies in another mapped directory (e.g. /workspace/x -> /tmp/y)
+  resolves inside its own top (to /workspace/tmp/y): confinement wins over fidelity.
+- New files and directories get the uid/gid of their top (the sandbox's host uid while it
+  is resident, root between sandboxes) and modes 0644/0755; existing ones keep theirs.
+- A write larger than `max_write_bytes` is refused before anything is created.
+
+Every method blocks on file I/O: async callers run it in a thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import os
+import posixpath
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+from tenon.errors import TenonError
+from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+CHUNK_BYTES = 64 * 1024
+
+_SYS_OPENAT2 = 437  # the same number on every architecture (added after the table merge)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_RESOLVE = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS
+_MAX_EAGAIN_RETRIES = 16
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class FilesError(TenonError, OSError):
+    """A file operation refused or failed; the message is one line naming the path."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NotFound(FilesError, FileNotFoundError):
+    pass
+
+
+class AlreadyExists(FilesError, FileExistsError):
+    pass
+
+
+class NotADirectory(FilesError, NotADirectoryError):
+    pass
+
+
+class IsADirectory(FilesError, IsADirectoryError):
+    pass
+
+
+class ReadOnly(FilesError, PermissionError):
+    pass
+
+
+class TooLarge(FilesError):
+    pass
+
+
+class InvalidPath(FilesError):
+    pass
+
+
+class NoSpace(FilesError):
+    pass
+
+
+class EntryType(enum.Enum):
+    FILE = "file"
+    DIR = "dir"
+    OTHER = "other"  # a device, socket, fifo, or the unreadable target of a symlink
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file as envd describes it. For a symlink, `type` and `mode` are its target's
+    and `symlink_target` is the target's sandbox path (the link's own text when it
+    dangles); `size`, `permissions` and times are the link's own."""
+
+    name: str
+    path: str  # sandbox path as requested (not symlink-resolved)
+    type: EntryType
+    size: int
+    mode: int  # permission bits only (0o777), as envd reports them
+    permissions: str  # Go's FileMode.String(): "-rw-r--r--", "drwxr-xr-x", "Lrwxrwxrwx"
+    owner: str
+    group: str
+    modified_ns: int
+    symlink_target: str | None = None
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.symlink_target is not None
+
+
+class FilesResolver(Protocol):
+    """Finds the files of a sandbox by id. Unknown ids raise
+    `tenon.service.errors.SandboxNotFound` on entry. `writing` holds off teardown and
+    rebuild for its duration and keeps the sandbox's recorded digest right afterwards."""
+
+    def reading(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxFiles]: ...
+
+    def writing(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxFiles]: ...
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
+    """openat2(2) of `rel` with `dir_fd` as the root of every resolution; OSError on failure.
+    EAGAIN (a concurrent rename seen during resolution) is retried."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
+    path = (rel or ".").encode()
+    for _ in range(_MAX_EAGAIN_RETRIES):
+        fd = int(_LIBC.syscall(_SYS_OPENAT2, dir_fd, path, ctypes.byref(how),
+                               ctypes.sizeof(how)))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err != errno.EAGAIN:
+            raise OSError(err, os.strerror(err), rel)
+    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), rel)
+
+
+@contextmanager
+def _closing(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def go_mode_string(st_mode: int) -> str:
+    """`st_mode` as Go's FileMode.String() prints it (envd's `permissions`)."""
+    letters = ""
+    kind = stat.S_IFMT(st_mode)
+    flags = {"d": kind == stat.S_IFDIR, "L": kind == stat.S_IFLNK,
+             "D": kind in (stat.S_IFBLK, stat.S_IFCHR), "p": kind == stat.S_IFIFO,
+             "S": kind == stat.S_IFSOCK, "u": bool(st_mode & stat.S_ISUID),
+             "g": bool(st_mode & stat.S_ISGID), "c": kind == stat.S_IFCHR,
+             "t": bool(st_mode & stat.S_ISVTX)}
+    for letter in "dalTLDpSugct":
+        if flags.get(letter):
+            letters += letter
+    rwx = "".join(ch if st_mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
+    return (letters or "-") + rwx
+
+
+@dataclass(frozen=True)
+class _Location:
+    path: str  # normalized absolute sandbox path
+    mount: str  # the sandbox directory the top appears at ("/" for the image)
+    top: Path | None  # host directory playing "/"; None: nothing there
+    rel: str  # path below the top, "" for the top itself
+    writable: bool
+
+    def sandbox_path(self, rel: str) -> str:
+        return posixpath.join(self.mount, rel) if rel else self.mount
+
+    @property
+    def parent_rel(self) -> str:
+        return posixpath.dirname(self.rel)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.rel)
+
+
+def _fs_error(err: OSError, path: str) -> FilesError:
+    code = err.errno
+    if code == errno.ENOENT:
+        return NotFound(f"path '{path}' does not exist", path)
+    if code == errno.EEXIST:
+        return AlreadyExists(f"path '{path}' already exists", path)
+    if code == errno.ENOTDIR:
+        return NotADirectory(f"a component of '{path}' is not a directory", path)
+    if code == errno.EISDIR:
+        return IsADirectory(f"path '{path}' is a directory", path)
+    if code == errno.EROFS:
+        return ReadOnly(f"path '{path}' is on a read-only filesystem", path)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpace(f"not enough disk space to write '{path}'", path)
+    if code in (errno.ENAMETOOLONG, errno.EINVAL, errno.ELOOP, errno.ENXIO, errno.EXDEV,
+                errno.ENOTEMPTY, errno.EBUSY):
+        return InvalidPath(f"cannot use '{path}': {os.strerror(code or 0)}", path)
+    return FilesError(f"error on '{path}': {os.strerror(code or 0)}", path)
+
+
+class SandboxFiles:
+    """The files of one sandbox, seen from the host (see the module docstring)."""
+
+    def __init__(self, root: Path, *, image_root: Path | None, max_write_bytes: int) -> None:
+        self._root = root
+        self._image_root = image_root
+        self.max_write_bytes = max_write_bytes
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def locate(self, path: str) -> _Location:
+        """Where `path` lives; InvalidPath for an empty path or one with a NUL byte."""
+        if not path or "\0" in path:
+            raise InvalidPath(f"invalid path '{path}'", path)
+        if path == "~" or path.startswith("~/"):
+            path = HOME_DIR + path[1:]
+        elif not path.startswith("/"):
+            path = posixpath.join(HOME_DIR, path)
+        norm = posixpath.normpath(path)
+        norm = "/" + norm.lstrip("/")  # normpath keeps a leading "//"
+        for sub, mount in PERSISTENT_MOUNTS.items():
+            if norm == mount or norm.startswith(mount + "/"):
+                return _Location(norm, mount, self._root / sub,
+                                 norm[len(mount):].lstrip("/"), True)
+        return _Location(norm, "/", self._image_root, norm.lstrip("/"), False)
+
+    @contextmanager
+    def _top(self, loc: _Location) -> Iterator[int]:
+        if loc.top is None:
+            raise NotFound(f"path '{loc.path}' does not exist", loc.path)
+        try:
+            fd = os.open(loc.top, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            raise _fs_error(err, loc.path) from err
+        with _closing(fd):
+            yield fd
+
+    def _writable(self, path: str) -> _Location:
+        loc = self.locate(path)
+        if not loc.writable:
+            raise ReadOnly(f"path '{loc.path}' is on a read-only filesystem", loc.path)
+        return loc
+
+    @contextmanager
+    def _open(self, top: int, loc: _Location, rel: str, flags: int) -> Iterator[int]:
+        try:
+            fd = openat2(top, rel, flags)
+        except OSError as err:
+            raise _fs_error(err, loc.path) from err
+        with _closing(fd):
+            yield fd
+
+    # -- reading -------------------------------------------------------------------------
+
+    def stat(self, path: str) -> Entry:
+        """The entry at `path` itself (a final symlink is described, not followed)."""
+        loc = self.locate(path)
+        with self._top(loc) as top, self._open(top, loc, loc.parent_rel,
+                                               os.O_PATH | os.O_DIRECTORY) as parent:
+            try:
+                st = os.stat(loc.name or ".", dir_fd=parent, follow_symlinks=False)
+            except OSError as err:
+                raise _fs_error(err, loc.path) from err
+            return self._entry(top, loc, loc.rel, loc.path, st)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except (NotFound, NotADirectory):
+            return False
+        return True
+
+    def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
+        """Entries under the directory `path` (a symlink to one is followed), `depth` levels
+        deep, each directory's entries sorted by name and followed by their own children;
+        symlinked directories inside are listed, not descended into."""
+        loc = self.locate(path)
+        entries: list[Entry] = []
+        with self._top(loc) as top, self._open(top, loc, loc.rel,
+                                               os.O_RDONLY | os.O_DIRECTORY) as fd:
+            self._walk(top, loc, fd, self._rel_of(top, fd), loc.path, max(depth, 1), entries)
+        return entries
+
+    def _walk(self, top: int, loc: _Location, dir_fd: int, real_rel: str, shown: str,
+              depth: int, out: list[Entry]) -> None:
+        for name in sorted(os.listdir(dir_fd)):
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed while listing
+            child_rel = posixpath.join(real_rel, name)
+            child_shown = posixpath.join(shown, name)
+            out.append(self._entry(top, loc, child_rel, child_shown, st))
+            if depth > 1 and stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                  | os.O_CLOEXEC, dir_fd=dir_fd)
+                except OSError:
+                    continue  # replaced by a non-directory while listing
+                with _closing(sub):
+                    self._walk(top, loc, sub, child_rel, child_shown, depth - 1, out)
+
+    @contextmanager
+    def open_read(self, path: str) -> Iterator[IO[bytes]]:
+        """The regular file at `path` (symlinks followed inside the top), open for reading;
+        a fifo or device is refused without blocking."""
+        loc = self.locate(path)
+        with self._top(loc) as top:
+            try:
+                fd = openat2(top, loc.rel, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as err:
+                raise _fs_error(err, loc.path) from err
+            try:
+                _check_regular(fd, loc.path)
+                os.set_blocking(fd, True)
+            except BaseException:
+                os.close(fd)
+                raise
+            with os.fdopen(fd, "rb") as f:
+                yield f
+
+    def read(self, path: str) -> bytes:
+        with self.open_read(path) as f:
+            return f.read()
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write(self, path: str, data: bytes | IO[bytes]) -> Entry:
+        """Creates or truncates the file at `path` (and its missing parent directories) and
+        writes `data` (bytes, or a seekable binary file read from its position to its end).
+        A symlink at `path` is written through (inside the top); a fifo or device there is
+        refused without blocking."""
+        loc = self._writable(path)
+        if isinstance(data, bytes):
+            size = len(data)
+        else:
+            start = data.tell()
+            size = data.seek(0, os.SEEK_END) - start
+            data.seek(start)
+        if size > self.max_write_bytes:
+            raise TooLarge(f"writing {size} bytes to '{loc.path}' is over the limit of "
+                           f"{self.max_write_bytes} bytes", loc.path)
+        if not loc.rel:
+            raise IsADirectory(f"path '{loc.path}' is a directory", loc.path)
+        with self._top(loc) as top:
+            owner = os.fstat(top)
+            os.close(self._ensure_dirs(top, loc, loc.parent_rel, owner))
+            with _closing(self._create_file(top, loc, owner)) as fd:
+                try:
+                    if isinstance(data, bytes):
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    else:
+                        while chunk := data.read(CHUNK_BYTES):
+                            os.write(fd, chunk)
+                except OSError as err:
+                    raise _fs_error(err, loc.path) from err
+            return self.stat(loc.path)
+
+    def _create_file(self, top: int, loc: _Location, owner: os.stat_result) -> int:
+        base = os.O_WRONLY | os.O_NONBLOCK
+        created = True
+        try:
+            try:
+                fd = openat2(top, loc.rel, base | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            except FileExistsError:
+                try:
+                    fd = openat2(top, loc.rel, base)
+                    created = False
+                except FileNotFoundError:  # a dangling symlink: create its target
+                    fd = openat2(top, loc.rel, base | os.O_CREAT, FILE_MODE)
+        except OSError as err:
+            raise _fs_error(err, loc.path) from err
+        try:
+            _check_regular(fd, loc.path)
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
+            if created:
+                os.fchown(fd, owner.st_uid, owner.st_gid)
+                os.fchmod(fd, FILE_MODE)
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError) and not isinstance(exc, FilesError):
+                raise _fs_error(exc, loc.path) from exc
+            raise
+        return fd
+
+    def _ensure_dirs(self, top: int, loc: _Location, rel: str, owner: os.stat_result) -> int:
+        """An O_PATH fd of the directory `rel`, creating each missing component (0755, the
+        top's owner); symlinks among existing components are followed inside the top."""
+        done = ""
+        fd = os.dup(top)
+        try:
+            for part in [p for p in rel.split("/") if p]:
+                try:
+                    os.mkdir(part, DIR_MODE, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                else:
+                    self._adopt_dir(fd, part, owner)
+                done = posixpath.join(done, part)
+                os.close(fd)
+                fd = -1
+                fd = openat2(top, done, os.O_PATH | os.O_DIRECTORY)
+        except OSError as err:
+            if fd >= 0:
+                os.close(fd)
+            shown = loc.sandbox_path(done) if err.errno == errno.ENOTDIR else loc.path
+            raise _fs_error(err, shown) from err
+        return fd
+
+    @staticmethod
+    def _adopt_dir(parent: int, name: str, owner: os.stat_result) -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+        except OSError:
+            return  # swapped for something else already: not ours to chown
+        with _closing(fd):
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+            os.fchmod(fd, DIR_MODE)
+
+    def make_dir(self, path: str) -> Entry:
+        """Creates the directory `path` and its missing parents. AlreadyExists if a
+        directory is there, NotADirectory if something else is."""
+        loc = self.locate(path)
+        try:
+            existing = self.stat(path)
+        except NotFound:
+            pass
+        else:
+            if existing.type is EntryType.DIR:
+                raise AlreadyExists(f"directory '{loc.path}' already exists", loc.path)
+            raise NotADirectory(f"path '{loc.path}' exists but is not a directory", loc.path)
+        loc = self._writable(path)
+        with self._top(loc) as top:
+            os.close(self._ensure_dirs(top, loc, loc.rel, os.fstat(top)))
+        return self.stat(loc.path)
+
+    def remove(self, path: str) -> None:
+        """Removes the file, symlink (not its target) or directory tree at `path`."""
+        loc = self._writable(path)
+        if not loc.rel:
+            raise InvalidPath(f"cannot remove the mount point '{loc.path}'", loc.path)
+        with self._top(loc) as top, self._open(top, loc, loc.parent_rel,
+                                               os.O_PATH | os.O_DIRECTORY) as parent:
+            try:
+                st = os.stat(loc.name, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    with _closing(os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                                          dir_fd=parent)) as parent_rd:
+                        shutil.rmtree(loc.name, dir_fd=parent_rd)
+                else:
+                    os.unlink(loc.name, dir_fd=parent)
+            except OSError as err:
+                raise _fs_error(err, loc.path) from err
+
+    def rename(self, source: str, destination: str) -> Entry:
+        """Moves `source` (a symlink itself, not its target) to `destination`, creating the
+        destination's missing parents; replaces a file there, as rename(2) does."""
+        src = self._writable(source)
+        dst = self._writable(destination)
+        for loc in (src, dst):
+            if not loc.rel:
+                raise InvalidPath(f"cannot move the mount point '{loc.path}'", loc.path)
+        with self._top(src) as src_top, self._top(dst) as dst_top, \
+                self._open(src_top, src, src.parent_rel, os.O_PATH | os.O_DIRECTORY) as sp:
+            try:
+                os.stat(src.name, dir_fd=sp, follow_symlinks=False)
+            except OSError as err:
+                raise _fs_error(err, src.path) from err
+            with _closing(self._ensure_dirs(dst_top, dst, dst.parent_rel,
+                                            os.fstat(dst_top))) as dp:
+                try:
+                    os.rename(src.name, dst.name, src_dir_fd=sp, dst_dir_fd=dp)
+                except OSError as err:
+                    raise _fs_error(err, dst.path) from err
+        return self.stat(dst.path)
+
+    # -- entries -------------------------------------------------------------------------
+
+    def _rel_of(self, top: int, fd: int) -> str:
+        """The path of `fd` below the top (both open): where the kernel resolved it."""
+        top_path = os.readlink(f"/proc/self/fd/{top}")
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path == top_path:
+            return ""
+        if not path.startswith(top_path.rstrip("/") + "/"):
+            raise FilesError(f"'{path}' resolved outside its root", path)
+        return path[len(top_path.rstrip("/")) + 1:]
+
+    def _entry(self, top: int, loc: _Location, rel: str, shown: str,
+               st: os.stat_result) -> Entry:
+        kind, mode, target = _entry_type(st.st_mode), st.st_mode & 0o777, None
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                with _closing(openat2(top, rel, os.O_PATH)) as fd:
+                    target_st = os.fstat(fd)
+                    target = loc.sandbox_path(self._rel_of(top, fd))
+                kind, mode = _entry_type(target_st.st_mode), target_st.st_mode & 0o777
+            except OSError:
+                kind, mode, target = EntryType.OTHER, 0, shown
+        top_uid = os.fstat(top).st_uid
+        return Entry(name=posixpath.basename(shown) or "/", path=shown, type=kind,
+                     size=st.st_size, mode=mode, permissions=go_mode_string(st.st_mode),
+                     owner=_user_name(st.st_uid, top_uid, loc.writable),
+                     group=_user_name(st.st_gid, top_uid, loc.writable),
+                     modified_ns=st.st_mtime_ns, symlink_target=target)
+
+
+def _check_regular(fd: int, path: str) -> None:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectory(f"path '{path}' is a directory", path)
+    if not stat.S_ISREG(mode):
+        raise InvalidPath(f"path '{path}' is not a regular file", path)
+
+
+def _entry_type(st_mode: int) -> EntryType:
+    if stat.S_ISREG(st_mode):
+        return EntryType.FILE
+    if stat.S_ISDIR(st_mode):
+        return EntryType.DIR
+    return EntryType.OTHER
+
+
+def _user_name(uid: int, top_uid: int, writable: bool) -> str:
+    """The name the sandbox knows an id by: root, E2B's `user` (its own host uid on the
+    persistent mounts, uid 1000 in the image), else the number, as envd falls back to."""
+    if uid == 0:
+        return "root"
+    if (writable and uid == top_uid) or (not writable and uid == 1000):
+        return "user"
+    return str(uid)
