@@ -21,6 +21,7 @@ from tenon.cli.agents import agents_app
 from tenon.cli.bench import faults_cmd
 from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
 from tenon.cli.predict import predict_app
+from tenon.cli.serve import serve_cmd
 from tenon.errors import ConfigError, TenonError
 from tenon.units import MIB, format_bytes, parse_size
 
@@ -34,6 +35,7 @@ app.add_typer(import_app, name="import")
 app.add_typer(predict_app, name="predict")
 app.add_typer(agents_app, name="agents")
 bench_app.command("faults")(faults_cmd)
+app.command("serve")(serve_cmd)
 
 console = Console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")
@@ -378,3 +380,7 @@ def _memory_from_trace(path: Path):  # type: ignore[no-untyped-def]
         return Memory(avg_bytes=p.avg_bytes, peak_bytes=p.peak_bytes, resident_after_bytes=0)
 
     return memory
+
+
+if __name__ == "__main__":
+    app()

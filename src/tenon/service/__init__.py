@@ -1,0 +1,1 @@
+"""The E2B-compatible service: `tenon serve` and what it is made of."""

@@ -1,0 +1,146 @@
+"""`tenon serve`: one runtime, its sessions and the ASGI app, on uvicorn, until a signal.
+
+The runtime is opened with `keep_agents`: stopping the server (SIGINT, SIGTERM) tears each
+idle, restartable sandbox down to its committed workspace and keeps every record, so the
+next server on the same state directory answers for the same sandboxes; a crash is
+recovered the same way (docs/RECOVERY.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import secrets
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
+
+from tenon.errors import ConfigError
+from tenon.policy.config import PolicyConfig
+from tenon.predict.online import OnlinePredictor
+from tenon.predict.static import StaticPredictor
+from tenon.runtime.open import open_runtime
+from tenon.service.app import TenonApp
+from tenon.service.sessions import DEFAULT_TEMPLATE, SessionManager
+
+logger = logging.getLogger(__name__)
+
+API_KEYS_ENV = "TENON_API_KEYS"
+API_KEY_FILE = "api-key"  # in the state directory: the key made when none is given
+DEFAULT_PORT = 49982
+DEFAULT_IMAGE = "tenon-base:bookworm"
+
+
+class ServeSettings(BaseModel):
+    """Everything `tenon serve` takes; an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_bytes: int = Field(gt=0)
+    backend: str = "process"
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    api_keys: tuple[str, ...] = ()
+    policy: str = "tenon"
+    policy_config: dict[str, Any] = Field(default_factory=dict)
+    image: str = DEFAULT_IMAGE
+    max_write_bytes: int = Field(100 * 1024 * 1024, gt=0)
+
+
+def load_api_keys(*, keys_file: Path | None, state_dir: Path) -> tuple[list[str], str]:
+    """The accepted keys and where they came from: `keys_file` (one a line), else the
+    TENON_API_KEYS variable (comma-separated), else a key made once and kept in the state
+    directory (mode 0600)."""
+    if keys_file is not None:
+        try:
+            keys = [line.strip() for line in keys_file.read_text().splitlines()
+                    if line.strip() and not line.startswith("#")]
+        except OSError as exc:
+            raise ConfigError(f"--api-keys-file {keys_file}: {exc.strerror or exc}") from exc
+        if not keys:
+            raise ConfigError(f"--api-keys-file {keys_file}: holds no key")
+        return keys, str(keys_file)
+    if os.environ.get(API_KEYS_ENV):
+        keys = [k.strip() for k in os.environ[API_KEYS_ENV].split(",") if k.strip()]
+        if keys:
+            return keys, f"${API_KEYS_ENV}"
+    path = state_dir / API_KEY_FILE
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"e2b_{secrets.token_hex(20)}\n")
+    return [path.read_text().strip()], str(path)
+
+
+def image_root_for(backend: str, state_dir: Path) -> Any:
+    """Where an image's files are on the host (the process backend's rootfs); None for
+    backends whose image the host cannot read directly."""
+    if backend != "process":
+        return None
+    from tenon.sandbox.image import image_rootfs
+
+    def root(image: str) -> Path | None:
+        try:
+            return image_rootfs(image, state_dir)
+        except Exception:  # noqa: BLE001 - no rootfs: paths outside the mounts read as absent
+            return None
+
+    return root
+
+
+async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> None:
+    """Run the server until SIGINT or SIGTERM."""
+    config = PolicyConfig.model_validate(settings.policy_config)
+    predictor = OnlinePredictor(StaticPredictor(heavy_peak_bytes=config.heavy_peak_bytes),
+                                heavy_peak_bytes=config.heavy_peak_bytes)
+    async with open_runtime(budget_bytes=settings.budget_bytes, backend=settings.backend,
+                            state_dir=settings.state_dir, keep_agents=True,
+                            policy=settings.policy, config=config,
+                            predictor=predictor) as runtime:
+        sessions = SessionManager(runtime, settings.state_dir,
+                                  templates={DEFAULT_TEMPLATE: settings.image},
+                                  image_root=image_root_for(settings.backend,
+                                                            settings.state_dir),
+                                  max_write_bytes=settings.max_write_bytes)
+        await sessions.start()
+        try:
+            extra = _pages(runtime)
+            app = TenonApp(sessions, settings.api_keys, extra_routes=extra,
+                           max_write_bytes=settings.max_write_bytes)
+            server = uvicorn.Server(uvicorn.Config(
+                app, host=settings.host, port=settings.port, log_level="warning",
+                lifespan="off", timeout_graceful_shutdown=5))
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
+            await server.startup()
+            if server.should_exit:  # the address was taken: uvicorn logged why
+                raise ConfigError(f"cannot listen on {settings.host}:{settings.port}")
+            port = server.servers[0].sockets[0].getsockname()[1]
+            for line in announce:
+                print(line.format(url=f"http://{settings.host}:{port}"), flush=True)
+            print(f"tenon serve: listening on http://{settings.host}:{port}", flush=True)
+            await server.main_loop()
+            await server.shutdown()
+        finally:
+            await sessions.close()
+    print("tenon serve: stopped; sandboxes kept for the next start", file=sys.stderr)
+
+
+def _pages(runtime: Any) -> list[Any]:
+    """/metrics and the live view, when their modules are present."""
+    routes: list[Any] = []
+    from tenon.service.live import live_routes
+    from tenon.service.metrics import metrics_route
+
+    routes.append(metrics_route(runtime))
+    routes.extend(live_routes(runtime))
+    return routes

@@ -1,0 +1,120 @@
+"""A real `tenon serve` in a child process, for tests, benchmarks and examples that drive it
+with the official SDK: started on a free loopback port, stopped (and restartable) by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class ServerHandle:
+    """One server process over one state directory; `restart` keeps directory and port."""
+
+    state_dir: Path
+    budget: str
+    backend: str
+    extra_args: tuple[str, ...]
+    api_key: str = field(default_factory=lambda: f"e2b_{secrets.token_hex(16)}")
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def env(self) -> dict[str, str]:
+        """What the SDK reads to reach this server instead of E2B's cloud."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url,
+                "E2B_API_KEY": self.api_key}
+
+    def start(self) -> None:
+        self.log_path = self.state_dir.parent / f"{self.state_dir.name}-serve.log"
+        env = {**os.environ, "TENON_API_KEYS": self.api_key}
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tenon.cli.main", "serve", "--budget", self.budget,
+             "--backend", self.backend, "--state-dir", str(self.state_dir),
+             "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
+            stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        log.close()
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                break
+            if "listening on http://" in line:
+                self.port = int(line.rsplit(":", 1)[1])
+                self._wait_answering(deadline)
+                return
+        self.stop()
+        raise RuntimeError(f"tenon serve did not start; its log: {self.tail_log()}")
+
+    def _wait_answering(self, deadline: float) -> None:
+        request = urllib.request.Request(f"{self.url}/v2/sandboxes",
+                                         headers={"X-API-Key": self.api_key})
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"tenon serve did not answer; its log: {self.tail_log()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        """Stop the server (SIGTERM: a clean stop; SIGKILL: a crash); its exit status."""
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            code = proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return code
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        self.stop(sig)
+        self.start()
+
+    def tail_log(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def running_server(state_dir: Path, *, budget: str = "2GiB", backend: str = "process",
+                   extra_args: Sequence[str] = ()) -> Iterator[ServerHandle]:
+    """A started server; stopped with SIGTERM on exit (which keeps its sandboxes on disk:
+    remove `state_dir` to drop them)."""
+    handle = ServerHandle(state_dir, budget, backend, tuple(extra_args))
+    handle.start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
