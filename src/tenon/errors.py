@@ -35,6 +35,15 @@ class SandboxDied(SandboxError):
     """The sandbox's init exited while Tenon still needed it."""
 
 
+class NotBusy(SandboxError):
+    """A command meant to run alongside an agent's action found no action in flight: run it
+    as an action of its own instead."""
+
+
+class UnknownAgent(TenonError, KeyError):
+    """No open agent has this id in the runtime."""
+
+
 class CommandTimeout(SandboxError, TimeoutError):
     """An action ran past its timeout; its whole process tree was killed."""
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tenon.policy.baselines import AgentCgroupClass
 from tenon.policy.residency import LifecycleSlots
 from tenon.predict.base import MeasuredAction
+
+if TYPE_CHECKING:
+    from tenon.runtime.execution import RunningAction
 
 GAP_EWMA_ALPHA = 0.5  # weight of the newest model wait in an agent's predicted wait
 
@@ -31,14 +35,18 @@ class AgentState:
     """Its place in admission's line (`ActionRequest.rank_at`); None until first ranked,
     then `created_at` moved earlier by the work its peers showed is left."""
     materialized: bool = False  # a first sandbox was made (there is a workspace and record)
+    root_made: bool = False  # a persistent root exists (made by a sandbox or a workspace edit)
     torn_down: bool = False  # the record is committed and no sandbox is live
     restartable: bool = False  # the last boundary's fail-closed check
     restart_reason: str | None = None  # what that check said
     idle_bytes: int = 0  # what the sandbox held when its last action ended (idle: constant)
     busy: bool = False  # an action is between ready and done
+    action: RunningAction | None = None  # that action, while it is between ready and done
+    alongside: int = 0  # commands running next to the action in flight (`run_alongside`)
     closed: bool = False
     failed_reason: str | None = None
-    lifecycle: asyncio.Task[None] | None = None  # teardown or predictive rebuild in flight
+    lifecycle: asyncio.Task[Any] | None = None  # teardown or rebuild in flight
+    blocked_reason: str | None = None  # the last rebuild failed (RecoveryError) and why
     last_done_at: float | None = None
     predicted_wait_s: float | None = None  # EWMA of the waits between actions (model calls)
     agentcgroup_class: AgentCgroupClass | None = None
@@ -61,9 +69,11 @@ class AgentState:
 
     @property
     def idle(self) -> bool:
-        """Resident, between actions, and not already in a lifecycle operation."""
+        """Resident, between actions (nothing runs alongside either), and not already in a
+        lifecycle operation."""
         return (self.materialized and not self.torn_down and not self.busy and not self.closed
-                and self.lifecycle is None and self.failed_reason is None)
+                and self.lifecycle is None and self.failed_reason is None
+                and self.alongside == 0)
 
 
 class Lifecycle:

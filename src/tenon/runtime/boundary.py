@@ -7,9 +7,10 @@ loop's tick; the decisions themselves are the pure functions of `policy/`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tenon.errors import RecoveryError
@@ -32,8 +33,8 @@ from tenon.policy.residency import (
 from tenon.runtime.agents import AgentState
 from tenon.runtime.eligibility import check_restartable
 from tenon.runtime.execution import RunningAction
-from tenon.runtime.residency import BlockingRunner
-from tenon.runtime.results import AgentClosed
+from tenon.runtime.residency import BlockingRunner, TeardownResult
+from tenon.runtime.results import AgentClosed, WorkflowFailed
 from tenon.sandbox.base import Sandbox
 
 if TYPE_CHECKING:
@@ -243,8 +244,12 @@ class Boundary:
     async def _rebuild(self, state: AgentState, *, predictive: bool) -> Sandbox:
         rt = self._rt
         start = rt.clock.now()
-        sandbox = await rt.residency.rematerialize(state.agent_id)
-        state.torn_down = False
+        try:
+            sandbox = await rt.residency.rematerialize(state.agent_id)
+        except RecoveryError as exc:
+            state.blocked_reason = str(exc)
+            raise
+        state.torn_down, state.blocked_reason = False, None
         rt.events.emit("rebuild", agent_id=state.agent_id, sandbox_id=sandbox.spec.sandbox_id,
                        predictive=predictive, duration_s=round(rt.clock.now() - start, 4))
         return sandbox
@@ -264,6 +269,9 @@ class Boundary:
         stays busy meanwhile, so nothing reclaims it on its previous boundary's verdict)."""
         rt = self._rt
         eligibility = await self._blocking(check_restartable, sandbox, True)
+        if state.alongside and eligibility.restartable:  # a backend may not list its process
+            eligibility = replace(eligibility, restartable=False,
+                                  reason="a command run alongside the action is still running")
         state.restartable, state.restart_reason = eligibility.restartable, eligibility.reason
         state.idle_bytes = last_usage
         self.tally.add(eligibility.restartable)
@@ -389,14 +397,22 @@ class Boundary:
             return
         state.lifecycle = asyncio.ensure_future(self._teardown(state, why))
 
-    async def _teardown(self, state: AgentState, why: str) -> None:
+    async def teardown_acquired(self, state: AgentState, *, why: str) -> TeardownResult | None:
+        """Tear the agent down on a lifecycle slot the caller acquired (released here);
+        the result, None if the teardown failed."""
+        task = asyncio.ensure_future(self._teardown(state, why))
+        state.lifecycle = task
+        return await task
+
+    async def _teardown(self, state: AgentState, why: str) -> TeardownResult | None:
         rt = self._rt
         start = rt.clock.now()
+        result: TeardownResult | None = None
         try:
             result = await rt.residency.teardown(state.agent_id)
             if result.outcome != "kept_resident":
                 state.torn_down = True
-            else:
+            elif result.step != "held":  # an edit or a command alongside: not the check's no
                 state.restartable = False  # the protocol's own check said no: keep it
             rt.events.emit("teardown", agent_id=state.agent_id, outcome=result.outcome,
                            reason=result.reason, why=why,
@@ -408,6 +424,45 @@ class Boundary:
             state.lifecycle = None
             rt.waker.notify()
             self.pump()
+        return result
+
+    async def prewarm(self, state: AgentState) -> None:
+        """Rebuild a torn-down, idle agent now, as its next action would (`Runtime.prewarm`)."""
+        rt = self._rt
+        reported = False
+        while True:
+            if state.closed:
+                raise AgentClosed(f"agent {state.agent_id} is closed")
+            if state.lifecycle is not None:  # a teardown or rebuild in flight: then decide
+                with contextlib.suppress(Exception):
+                    await state.lifecycle
+                continue
+            if state.failed_reason is not None:
+                raise WorkflowFailed(f"agent {state.agent_id}: {state.failed_reason}")
+            if not state.materialized or not state.torn_down or state.busy:
+                return
+            level = self._pressure_without(state.agent_id).level
+            decision = rebuild_decision(state.agent_id, next_action_ready=True, pressure=level,
+                                        predicted_ready_in_s=None,
+                                        slots=rt.lifecycle.slots, config=rt.config)
+            if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
+                break
+            if not reported:
+                rt.events.emit("rebuild_wait", agent_id=state.agent_id, reason=decision.reason)
+                reported = True
+            await rt.waker.wait()
+        task = asyncio.ensure_future(self._prewarm(state))
+        state.lifecycle = task
+        await task
+
+    async def _prewarm(self, state: AgentState) -> None:
+        rt = self._rt
+        try:
+            await self._rebuild(state, predictive=False)
+        finally:
+            rt.lifecycle.release()
+            state.lifecycle = None
+            rt.waker.notify()
 
     def predictive_rebuilds(self, pressure: PressureState, now: float) -> None:
         """Under green, rebuild torn-down agents whose next action is predicted soon."""

@@ -23,17 +23,19 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tenon.clock import Clock, SystemClock
 from tenon.errors import (
     ConfigError,
+    NotBusy,
     RecoveryError,
     SandboxDied,
     SandboxError,
     SandboxFrozen,
+    UnknownAgent,
     WorkspaceError,
 )
 from tenon.host import diskfs
@@ -70,11 +72,21 @@ from tenon.runtime.results import (
 )
 from tenon.runtime.workflows import WorkflowGate
 from tenon.runtime.workspace import WorkspaceStore
-from tenon.sandbox.base import DomainMeter, ExecResult, Sandbox, SandboxBackend, SandboxMeter
+from tenon.sandbox.base import (
+    DomainMeter,
+    ExecIO,
+    ExecResult,
+    Sandbox,
+    SandboxBackend,
+    SandboxMeter,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "tenon-base:bookworm"
+
+Residency = Literal["new", "resident", "busy", "frozen", "torn_down", "resident_only",
+                    "failed", "blocked"]
 
 
 def meter_of(sandbox: Sandbox) -> SandboxMeter:
@@ -125,18 +137,39 @@ class Agent:
         action_class: str | None = None,
         max_output_bytes: int = 65536,
         issued_command: str | None = None,
+        io: ExecIO | None = None,
     ) -> ActionResult:
         """Run one action; returns its output, exit code, outcome and memory figures.
 
         `issued_command` is the command the agent issued when `command` is a stand-in for
         it (the replay's load program reproduces a recorded action's memory): predictors
         and the workflow's history see the issued command, never the stand-in, whose
-        arguments are the very figures being predicted.
+        arguments are the very figures being predicted. `io` makes it an interactive
+        command (streams, stdin, signals: `ExecIO`); it is still one predicted, admitted
+        and gated action.
         """
         return await self._runtime.run_action(
             self._state, command, timeout_s=timeout, action_class=action_class,
-            max_output_bytes=max_output_bytes, issued_command=issued_command,
+            max_output_bytes=max_output_bytes, issued_command=issued_command, io=io,
         )
+
+    async def run_alongside(
+        self,
+        command: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - enforced by the backend
+        io: ExecIO | None = None,
+        max_output_bytes: int = 65536,
+    ) -> ExecResult:
+        """Run `command` in the agent's live sandbox next to the action in flight, with no
+        admission of its own: its memory is in the sandbox's cgroup, which the action's
+        charge and the gate already cover (a gate hold holds it too). Waits for the action
+        to have started in a live sandbox; raises `NotBusy` when the agent has no action in
+        flight (or it ends first): run the command as an action then. The sandbox is not
+        torn down while it runs, and a boundary it outlives is resident-only.
+        """
+        return await self._runtime.run_alongside(
+            self._state, command, timeout_s=timeout, io=io, max_output_bytes=max_output_bytes)
 
     async def close(self, *, delete_workspace: bool = True) -> None:
         """End the workflow: destroy the sandbox, drop the record, free the workflow's place."""
@@ -162,7 +195,11 @@ class Runtime:
         backend_config: Mapping[str, Any] | None = None,
         lifecycle_events: bool = False,
         workspace_limits: DiskLimits | None = None,
+        keep_agents: bool = False,
     ) -> None:
+        """`keep_agents`: `close()` keeps every agent for the next runtime on the same
+        state directory instead of ending its workflow (see `close`)."""
+        self._keep_agents = keep_agents
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
         for key, hint_name in (("max_admitted_actions", "admission_cap"),
@@ -239,7 +276,15 @@ class Runtime:
         self._loop_task = asyncio.ensure_future(self._execution_loop())
 
     async def close(self) -> None:
-        """Stop the loops, end every open workflow, leave nothing running."""
+        """Stop the loops, end every open workflow, leave nothing running.
+
+        With `keep_agents`, no workflow ends: each idle agent whose last boundary was
+        restartable is torn down (its root committed), every other live sandbox is
+        destroyed (an action in it fails), an agent that never ran gets its root and a
+        generation-0 record, and every record and root is kept. The next runtime on the
+        state directory restores them all through `recover()`, as after a crash: torn-down
+        ones rebuild at their next action, resident-only ones are blocked with the reason.
+        """
         if self._closed:
             return
         self._closed = True
@@ -249,6 +294,12 @@ class Runtime:
                 await self._loop_task
         self.execution.release_all(self.actions.values())
         for state in list(self.agents.values()):
+            if self._keep_agents:
+                try:
+                    await self._keep(state)
+                except Exception:
+                    logger.exception("agent %s: not kept cleanly", state.agent_id)
+                continue
             if state.agent_id in self._blocked and not state.busy:
                 continue  # its record waits for `tenon agents unblock` or `discard`
             with contextlib.suppress(Exception):
@@ -311,6 +362,33 @@ class Runtime:
                          waited_s=round(self.clock.now() - state.created_at, 4))
         return Agent(self, state)
 
+    async def _keep(self, state: AgentState) -> None:
+        """Leave the agent for the next runtime (`close` with `keep_agents`)."""
+        agent_id = state.agent_id
+        if state.lifecycle is not None:
+            with contextlib.suppress(Exception):
+                await state.lifecycle
+        how = "as_recorded"  # torn down or blocked: its record already describes it
+        if self._recovery.get(agent_id) is None:
+            async with self.residency.hold(agent_id):  # after a first materialize in flight
+                if self._recovery.get(agent_id) is None:
+                    await self._blocking(self.workspaces.create, agent_id, self._backend_config)
+                    await self._commit_root(state)
+                    how = "recorded"
+        if self.residency.sandbox_for(agent_id) is not None:
+            how = "dropped"
+            if self.spec.use_residency and state.idle and state.restartable:
+                result = await self.residency.teardown(agent_id)
+                if result.outcome != "kept_resident":
+                    how = "torn_down"
+                elif result.step == "validate":
+                    self._recovery.mark_blocked(
+                        agent_id, f"resident-only when the runtime stopped: {result.reason}")
+            if how == "dropped":
+                await self.residency.drop(agent_id)
+        state.closed = True
+        self.events.emit("agent_kept", agent_id=agent_id, how=how)
+
     async def close_agent(self, state: AgentState, *, delete_workspace: bool = True) -> None:
         if state.closed:
             return
@@ -319,7 +397,7 @@ class Runtime:
             with contextlib.suppress(Exception):
                 await state.lifecycle
         try:
-            if state.materialized:
+            if state.materialized or state.root_made:
                 await self.residency.finish(state.agent_id, delete_workspace=delete_workspace)
         finally:
             self.progress.finish(state.agent_id, complete=state.failed_reason is None)
@@ -328,6 +406,153 @@ class Runtime:
             self.events.emit("workflow_end", agent_id=state.agent_id,
                              failed=state.failed_reason, num_actions=len(state.history))
             self.waker.notify()
+
+    def _agent(self, agent_id: str) -> AgentState:
+        state = self.agents.get(agent_id)
+        if state is None or state.closed:
+            raise UnknownAgent(f"no open agent {agent_id!r}")
+        return state
+
+    def residency_of(self, agent_id: str) -> Residency:
+        """Where the agent's sandbox is now, read off memory (no I/O): "new" (never
+        materialized), "busy" (an action or a command alongside it in flight), "frozen"
+        (that action held by the gate), "resident", "resident_only" (idle, but its last
+        boundary was not restartable), "torn_down", "failed" (an OOM kill or a lost sandbox
+        ended its attempt) or "blocked" (its rebuild failed or a restart blocked it)."""
+        state = self._agent(agent_id)
+        if state.blocked_reason is not None or (
+                agent_id in self._blocked and state.failed_reason is not None):
+            return "blocked"
+        if state.failed_reason is not None:
+            return "failed"
+        action = state.action
+        if action is not None and action.started and not action.allowed:
+            return "frozen"
+        if state.busy or state.alongside:
+            return "busy"
+        if not state.materialized:
+            return "new"
+        if state.torn_down:
+            return "torn_down"
+        if self.spec.use_residency and not state.restartable:
+            return "resident_only"
+        return "resident"
+
+    async def run_alongside(self, state: AgentState, command: str, *, timeout_s: float,
+                            io: ExecIO | None = None,
+                            max_output_bytes: int = 65536) -> ExecResult:
+        """See `Agent.run_alongside`."""
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout must be positive, got {timeout_s}")
+        while True:
+            if state.closed or self._closed:
+                raise AgentClosed(f"agent {state.agent_id} is closed")
+            action = state.action
+            if action is None:
+                raise NotBusy(f"agent {state.agent_id} has no action in flight")
+            if (action.launched and not action.done
+                    and self.residency.sandbox_for(state.agent_id) is not None):
+                state.alongside += 1
+                try:
+                    return await self.residency.exec_alongside(
+                        state.agent_id, command, timeout_s=timeout_s,
+                        max_output_bytes=max_output_bytes, io=io)
+                except SandboxFrozen:  # a gate hold: wait for it, as the action does
+                    await self.clock.sleep(self.config.control_period_s)
+                    continue
+                finally:
+                    state.alongside -= 1
+                    self.waker.notify()
+            await self.waker.wait()  # every tick, launch and action end notifies
+
+    @contextlib.asynccontextmanager
+    async def edit_workspace(self, agent_id: str) -> AsyncIterator[Path]:
+        """The agent's persistent root, mounted, for the host to change its files.
+
+        An agent that never materialized gets its root now (as its first sandbox would
+        make it, with the runtime's backend config). While the body runs no teardown,
+        rebuild or first materialization of the agent starts (one in flight is waited
+        for). Afterwards, when the agent has no live sandbox, its root is captured and the
+        record committed again (generation unchanged; a new agent's as generation 0), so
+        the next rebuild verifies, and sees, the edited content. A blocked agent's record is
+        left as it is. The live sandbox, if any, sees every change at once.
+        """
+        state = self._agent(agent_id)
+        if state.lifecycle is not None:
+            with contextlib.suppress(Exception):
+                await state.lifecycle
+        async with self.residency.hold(agent_id):
+            if state.closed:
+                raise AgentClosed(f"agent {agent_id} was closed")
+            if self._recovery.get(agent_id) is None:
+                root = await self._blocking(self.workspaces.create, agent_id,
+                                            self._backend_config)
+                state.root_made = True
+            else:
+                root = await self._blocking(self.workspaces.attach, agent_id)
+            try:
+                yield root
+            finally:
+                if self.residency.sandbox_for(agent_id) is None:
+                    await self._commit_root(state)
+
+    async def _commit_root(self, state: AgentState) -> None:
+        """Capture the root of an agent without a live sandbox and commit its record again
+        (a new agent's as generation 0, which its first materialization rebuilds from)."""
+        agent_id = state.agent_id
+        record = self._recovery.get(agent_id)
+        if record is not None and record.state != "torn_down":
+            return  # blocked: its reason stands; resident: its next teardown captures
+        manifest = await self._blocking(self.workspaces.capture, agent_id)
+        if record is None:
+            self._recovery.commit_teardown(agent_id, 0, manifest.digest, state.image,
+                                           self.backend.name, self._backend_config,
+                                           manifest=manifest)
+            self._recovery.note_agent_meta(agent_id, _agent_meta(state))
+        else:
+            self._recovery.commit_teardown(agent_id, record.generation, manifest.digest,
+                                           record.base_image, record.backend,
+                                           record.backend_config, manifest=manifest)
+        state.root_made = True
+        self.events.emit("workspace_committed", agent_id=agent_id,
+                         generation=0 if record is None else record.generation,
+                         digest=manifest.digest)
+
+    async def teardown_now(self, agent_id: str) -> str | None:
+        """Tear the agent's sandbox down now if it is idle and its last boundary was
+        restartable (through the lifecycle limit, as any teardown). None when it is torn
+        down, already was, or never had a sandbox; otherwise why it stays resident."""
+        state = self._agent(agent_id)
+        while True:
+            if state.lifecycle is not None:  # a teardown or rebuild in flight: its outcome
+                with contextlib.suppress(Exception):
+                    await state.lifecycle
+                continue
+            if state.closed or not state.materialized or state.torn_down:
+                return None
+            if state.failed_reason is not None:
+                return f"failed: {state.failed_reason}"
+            if state.busy or state.alongside:
+                return "busy: an action is in flight"
+            if not self.spec.use_residency:
+                return f"resident_only: policy {self.spec.name} keeps every sandbox resident"
+            if not state.restartable:
+                return f"resident_only: {state.restart_reason or 'never checked'}"
+            if self.lifecycle.try_acquire():
+                break
+            await self.waker.wait()
+        result = await self.boundary.teardown_acquired(state, why="asked")
+        if state.torn_down:
+            return None
+        return "kept_resident: " + (result.reason if result is not None else "teardown failed")
+
+    async def prewarm(self, agent_id: str) -> None:
+        """Rebuild a torn-down agent's sandbox now, as its next action would (under the
+        lifecycle limit, never under red); returns once it is resident. A no-op when it is
+        resident, busy (its action rebuilds) or new (an action materializes it).
+        RecoveryError when the rebuild fails (the agent is blocked)."""
+        state = self._agent(agent_id)
+        await self.boundary.prewarm(state)
 
     # -- the boundary loop: one action -------------------------------------------
 
@@ -340,6 +565,7 @@ class Runtime:
         action_class: str | None,
         max_output_bytes: int,
         issued_command: str | None = None,
+        io: ExecIO | None = None,
     ) -> ActionResult:
         if state.closed or self._closed:
             raise AgentClosed(f"agent {state.agent_id} is closed")
@@ -352,13 +578,13 @@ class Runtime:
         state.busy = True
         try:
             return await self._run_action(state, command, timeout_s, action_class,
-                                          max_output_bytes, issued_command or command)
+                                          max_output_bytes, issued_command or command, io)
         finally:
             state.busy = False
 
     async def _run_action(self, state: AgentState, command: str, timeout_s: float,
                           action_class: str | None, max_output_bytes: int,
-                          issued_command: str) -> ActionResult:
+                          issued_command: str, io: ExecIO | None) -> ActionResult:
         ready_at = self.clock.now()
         waited_s = ready_at - (state.last_done_at if state.last_done_at is not None
                                else state.created_at)
@@ -381,6 +607,7 @@ class Runtime:
                          predicted_peak_bytes=prediction.peak_bytes,
                          heavy=prediction.heavy_risk, rank_at=round(state.rank, 3))
         admitted = False
+        state.action = action
         try:
             decision = await self.boundary.admit(action, ActionRequest(
                 action_id, state.agent_id, prediction, ready_at, state.rank))
@@ -393,8 +620,9 @@ class Runtime:
             self._recovery.note_action_start(state.agent_id, action_id,
                                              agent_meta=_agent_meta(state))
             return await self._execute(state, action, sandbox, command, context, timeout_s,
-                                       max_output_bytes, max(waited_s, 0.0))
+                                       max_output_bytes, max(waited_s, 0.0), io)
         finally:
+            state.action = None
             self.actions.pop(action_id, None)
             if admitted:
                 self.boundary.release(action)
@@ -410,7 +638,8 @@ class Runtime:
 
     async def _execute(self, state: AgentState, action: RunningAction, sandbox: Sandbox,
                        command: str, context: ActionContext, timeout_s: float,
-                       max_output_bytes: int, waited_s: float) -> ActionResult:
+                       max_output_bytes: int, waited_s: float,
+                       io: ExecIO | None = None) -> ActionResult:
         klass = context.action_class
         meter = meter_of(sandbox)
         first = meter.reading()
@@ -441,7 +670,7 @@ class Runtime:
         died: str | None = None
         try:
             result = await self._exec_when_let_go(state.agent_id, command, timeout_s,
-                                                  max_output_bytes)
+                                                  max_output_bytes, io)
         except SandboxDied as exc:
             died = str(exc)
         finally:
@@ -535,7 +764,7 @@ class Runtime:
         return self.execution.pressure(self.actions.values(), self.domain.reading())
 
     async def _exec_when_let_go(self, agent_id: str, command: str, timeout_s: float,
-                                max_output_bytes: int) -> ExecResult:
+                                max_output_bytes: int, io: ExecIO | None = None) -> ExecResult:
         """Exec the action, waiting while the gate holds its sandbox frozen.
 
         A tick can run between the launch and the exec (the peak mark is reset in a thread
@@ -547,7 +776,7 @@ class Runtime:
         while True:
             try:
                 return await self.residency.exec(agent_id, command, timeout_s=timeout_s,
-                                                 max_output_bytes=max_output_bytes)
+                                                 max_output_bytes=max_output_bytes, io=io)
             except SandboxFrozen:
                 if self._closed:
                     raise AgentClosed(f"agent {agent_id}: the runtime closed") from None
@@ -646,7 +875,10 @@ class Runtime:
                            peak if isinstance(peak, int) else None,
                            created_at=self.clock.now(), workflow=meta.get("workflow"),
                            task=meta.get("task"))
-        state.materialized, state.torn_down = True, True
+        state.materialized, state.torn_down, state.root_made = True, True, True
+        if record.generation == 0 and record.state == "torn_down":
+            # never ran (`edit_workspace`, or kept at close): its first action materializes
+            state.materialized, state.torn_down = False, False
         if record.state == "blocked":
             state.failed_reason = f"blocked: {record.reason}"
             self._blocked.add(record.agent_id)

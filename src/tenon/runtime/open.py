@@ -40,6 +40,7 @@ async def open_runtime(
     state_dir: Path = DEFAULT_STATE_DIR,
     run_dir: Path | None = None,
     domain_name: str | None = None,
+    keep_agents: bool = False,
     **runtime_kwargs: Any,
 ) -> AsyncIterator[Runtime]:
     """A started, recovered `Runtime` over one state directory, `budget_bytes` its limit.
@@ -51,6 +52,11 @@ async def open_runtime(
     that domain, removes what the dead controller left there and restores its agents
     (`Runtime.recovered`). On exit every open workflow ends, its sandbox is destroyed and the
     domain removed, also on error or Ctrl-C; blocked agents keep their records.
+
+    With `keep_agents` (a service restarting) no workflow ends on exit: idle agents at a
+    restartable boundary are torn down, every other sandbox is destroyed, and every record
+    and workspace is kept for the next `open_runtime` on the same directory to restore
+    (`Runtime.close` says how); the domain is removed all the same.
     """
     home = run_dir or state_dir
     with locked(home):
@@ -61,7 +67,8 @@ async def open_runtime(
             runtime_kwargs.setdefault("event_log", home / EVENTS_FILE)
             # each agent's persistent root is its own size-limited filesystem
             runtime_kwargs.setdefault("workspace_limits", DiskLimits())
-            runtime = Runtime(domain=domain, backend=impl, state_dir=home, **runtime_kwargs)
+            runtime = Runtime(domain=domain, backend=impl, state_dir=home,
+                              keep_agents=keep_agents, **runtime_kwargs)
             try:
                 await runtime.start()
                 runtime.recover(lambda: leftover_remover(domain, backend))

@@ -274,6 +274,10 @@ class RecoveryStore:
             fsync=False,
         )
 
+    def note_agent_meta(self, agent_id: str, agent_meta: Mapping[str, Any]) -> None:
+        """Record what the caller said about the agent (as an action's start does)."""
+        self._update(agent_id, "agent_json = ?", (_encode_config(agent_meta),))
+
     def note_action_done(self, agent_id: str, *, boundary: str, reason: str | None) -> None:
         """The action in flight ended at a boundary the restart-safe check called `boundary`
         (one of BOUNDARIES); written before any teardown of that boundary can start."""

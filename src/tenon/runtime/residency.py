@@ -19,6 +19,13 @@ Dispatch blocking is a per-agent asyncio lock: `exec()` takes it, teardown and
 rematerialize hold it for their whole duration, and teardown refuses (kept resident)
 rather than wait when an action holds it.
 
+Two things pin a live sandbox without the lock: a command run alongside the action in
+flight (`exec_alongside`, which needs the sandbox live and dispatch not blocked) and a
+workspace edit (`hold`). Teardown refuses (kept resident, step "held") while either runs.
+An edit also excludes every lifecycle step (start, teardown, rematerialize): `hold` waits
+for one in flight, and a lifecycle step waits for the edits in flight before it begins, so
+a rebuild always verifies against the record as the edit left it.
+
 Fault points: `faults(step, agent_id)` is called just before each step ("validate",
 "capture", "commit", "destroy", "materialize", "verify"); raising from it injects a
 failure at that step.
@@ -27,9 +34,10 @@ failure at that step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,7 +47,7 @@ from tenon.host.diskfs import DiskLimits
 from tenon.runtime.eligibility import check_restartable
 from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
 from tenon.runtime.workspace import WorkspaceStore
-from tenon.sandbox.base import ExecResult, Sandbox, SandboxBackend, SandboxSpec
+from tenon.sandbox.base import ExecIO, ExecResult, Sandbox, SandboxBackend, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +85,31 @@ class _Slot:
     config: dict[str, Any] = field(default_factory=dict)
     dispatch_blocked: bool = False
     pending_destroy: list[Sandbox] = field(default_factory=list)
+    holds: int = 0  # workspace edits in flight (`hold`)
+    alongside: int = 0  # commands running next to the action in flight (`exec_alongside`)
+    in_lifecycle: bool = False  # a start, teardown or rematerialize is past its wait for edits
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        """Wake every waiter on this slot's holds and lifecycle steps."""
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def unheld(self) -> None:
+        """Return once no workspace edit is in flight."""
+        while self.holds:
+            await self.changed.wait()
+
+    @contextlib.asynccontextmanager
+    async def lifecycle_step(self) -> AsyncIterator[None]:
+        """Mark a start, teardown or rematerialize in flight, once no edit runs."""
+        await self.unheld()
+        self.in_lifecycle = True
+        try:
+            yield
+        finally:
+            self.in_lifecycle = False
+            self.notify()
 
 
 def _spec_for(
@@ -98,6 +131,17 @@ def _spec_for(
         return SandboxSpec(sandbox_id=sandbox_id, image=image, workspace=workspace, **fields)
     except (TypeError, ValueError) as exc:
         raise RecoveryError(f"agent {agent_id}: bad backend config: {exc}") from exc
+
+
+async def _exec(sandbox: Sandbox, command: str, timeout_s: float, max_output_bytes: int,
+                io: ExecIO | None) -> ExecResult:
+    """`sandbox.exec`, passing `io` only when there is one (so a backend without
+    interactive commands still runs every plain one)."""
+    if io is None:
+        return await sandbox.exec(command, timeout_s=timeout_s,
+                                  max_output_bytes=max_output_bytes)
+    return await sandbox.exec(command, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
+                              io=io)
 
 
 async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:
@@ -142,6 +186,11 @@ class ResidencyManager:
         slot = self._slots.get(agent_id)
         return slot is not None and slot.dispatch_blocked
 
+    def is_pinned(self, agent_id: str) -> bool:
+        """A workspace edit or a command alongside the action holds the agent's sandbox."""
+        slot = self._slots.get(agent_id)
+        return slot is not None and bool(slot.holds or slot.alongside)
+
     def pending_destroys(self, agent_id: str | None = None) -> list[Sandbox]:
         """Sandboxes whose record is committed but whose destroy has not yet succeeded."""
         slots = self._slots.values() if agent_id is None else [self._slot(agent_id)]
@@ -160,21 +209,23 @@ class ResidencyManager:
             if self._recovery.get(agent_id) is not None:
                 return await self._rematerialize_locked(agent_id, slot)
             config = dict(config or {})
-            workspace = await self._blocking(self._workspaces.create, agent_id, config)
-            sandbox = await self._backend.materialize(
-                _spec_for(agent_id, 1, image, workspace, config)
-            )
-            try:
-                self._recovery.register(agent_id, image, self._backend.name, config)
-            except BaseException:
-                await self._destroy_or_park(agent_id, slot, sandbox)
-                raise
+            async with slot.lifecycle_step():
+                workspace = await self._blocking(self._workspaces.create, agent_id, config)
+                sandbox = await self._backend.materialize(
+                    _spec_for(agent_id, 1, image, workspace, config)
+                )
+                try:
+                    self._recovery.register(agent_id, image, self._backend.name, config)
+                except BaseException:
+                    await self._destroy_or_park(agent_id, slot, sandbox)
+                    raise
             slot.sandbox, slot.generation, slot.image, slot.config = sandbox, 1, image, config
             logger.info("agent %s: generation 1 materialized", agent_id)
             return sandbox
 
     async def exec(
-        self, agent_id: str, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+        self, agent_id: str, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
+        io: ExecIO | None = None,
     ) -> ExecResult:
         """Run an action, rebuilding the sandbox first if it was torn down."""
         slot = self._slot(agent_id)
@@ -182,9 +233,39 @@ class ResidencyManager:
             if slot.dispatch_blocked:  # defensive: the lock already excludes teardown
                 raise SandboxError(f"agent {agent_id}: dispatch is blocked")
             sandbox = slot.sandbox or await self._rematerialize_locked(agent_id, slot)
-            return await sandbox.exec(
-                command, timeout_s=timeout_s, max_output_bytes=max_output_bytes
-            )
+            return await _exec(sandbox, command, timeout_s, max_output_bytes, io)
+
+    async def exec_alongside(
+        self, agent_id: str, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
+        io: ExecIO | None = None,
+    ) -> ExecResult:
+        """Run `command` in the agent's live sandbox without the dispatch lock (the action
+        in flight holds it). The sandbox stays pinned while it runs: teardown refuses.
+        SandboxError when there is no live sandbox or a lifecycle step holds dispatch."""
+        slot = self._slots.get(agent_id)
+        sandbox = None if slot is None else slot.sandbox
+        if slot is None or sandbox is None or slot.dispatch_blocked or slot.in_lifecycle:
+            raise SandboxError(f"agent {agent_id}: no live sandbox to run a command alongside")
+        slot.alongside += 1  # no await since the check: a teardown cannot have begun
+        try:
+            return await _exec(sandbox, command, timeout_s, max_output_bytes, io)
+        finally:
+            slot.alongside -= 1
+            slot.notify()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, agent_id: str) -> AsyncIterator[None]:
+        """Hold off every lifecycle step of the agent while the body runs (a workspace
+        edit): waits for one in flight first; teardown refuses and rebuilds wait meanwhile."""
+        slot = self._slot(agent_id)
+        while slot.in_lifecycle:
+            await slot.changed.wait()
+        slot.holds += 1  # no await since the check: no lifecycle step runs
+        try:
+            yield
+        finally:
+            slot.holds -= 1
+            slot.notify()
 
     async def teardown(
         self, agent_id: str, *, agent_has_logical_state: bool = True
@@ -198,11 +279,19 @@ class ResidencyManager:
                 agent_id, "kept_resident", "an action or lifecycle step is in flight", step="block"
             )
         async with slot.lock:
+            if slot.holds or slot.alongside or slot.sandbox is None:
+                return TeardownResult(
+                    agent_id, "kept_resident",
+                    "a workspace edit or a command alongside the action is in flight"
+                    if slot.sandbox is not None else "no resident sandbox", step="held")
             slot.dispatch_blocked = True
+            slot.in_lifecycle = True  # no await since the check: no edit or command began
             try:
                 return await self._teardown_locked(agent_id, slot, agent_has_logical_state)
             finally:
                 slot.dispatch_blocked = False
+                slot.in_lifecycle = False
+                slot.notify()
 
     async def _teardown_locked(
         self, agent_id: str, slot: _Slot, agent_has_logical_state: bool
@@ -266,6 +355,10 @@ class ResidencyManager:
     async def _rematerialize_locked(self, agent_id: str, slot: _Slot) -> Sandbox:
         if slot.sandbox is not None:
             return slot.sandbox
+        async with slot.lifecycle_step():
+            return await self._rematerialize_stepped(agent_id, slot)
+
+    async def _rematerialize_stepped(self, agent_id: str, slot: _Slot) -> Sandbox:
         record = self._recovery.get(agent_id)
         if record is None:
             raise RecoveryError(f"agent {agent_id} has no recovery record")
@@ -355,10 +448,25 @@ class ResidencyManager:
                 slot.sandbox = None
             if await self._reap_slot(agent_id, slot):
                 raise SandboxError(f"agent {agent_id}: sandbox could not be destroyed")
+            await slot.unheld()  # an edit in flight finishes before its root goes
             self._recovery.delete(agent_id)
             if delete_workspace:  # unmounting and removing it is disk work: off the loop
                 await self._blocking(self._workspaces.delete, agent_id)
         self._slots.pop(agent_id, None)
+
+    async def drop(self, agent_id: str) -> None:
+        """Destroy the agent's live sandbox (without waiting for an action holding dispatch:
+        its exec fails) and keep its record and workspace as they are: what a restart that
+        keeps agents does to a sandbox it cannot tear down. A restart then restores the
+        record as it would after a crash."""
+        slot = self._slots.get(agent_id)
+        if slot is None:
+            return
+        if slot.sandbox is not None:
+            slot.pending_destroy.append(slot.sandbox)
+            slot.sandbox = None
+        if await self._reap_slot(agent_id, slot):
+            raise SandboxError(f"agent {agent_id}: sandbox could not be destroyed")
 
     # -- helpers ---------------------------------------------------------------
 

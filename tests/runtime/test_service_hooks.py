@@ -1,0 +1,398 @@
+"""The runtime's hooks for a service on top of it: interactive commands, commands alongside
+an action, workspace edits, teardown and rebuild on request, restarts that keep agents, and
+the per-agent residency view. Simulated backend and clock, except where marked."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenon.clock import FakeClock, run_simulated
+from tenon.errors import NotBusy, RecoveryError, UnknownAgent
+from tenon.predict.static import FixedPredictor
+from tenon.runtime.controller import Runtime
+from tenon.runtime.residency import run_inline
+from tenon.runtime.results import Outcome
+from tenon.sandbox.base import ExecControl, ExecIO, ProcessInfo
+from tenon.sandbox.sim import SimBackend, SimDomain, SimSandbox, sim_load_command
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+LEFTOVER = ProcessInfo(4242, 1, "python3 -m http.server")
+
+Body = Callable[[Runtime, SimBackend, FakeClock], Awaitable[Any]]
+
+
+def load(duration_s: float, peak_mib: int = 20) -> str:
+    return sim_load_command(10 * MIB, peak_mib * MIB, duration_s, 0)
+
+
+def make_runtime(state_dir: Path, clock: FakeClock, *, keep_agents: bool = False,
+                 policy: str = "tenon") -> tuple[Runtime, SimBackend]:
+    domain = SimDomain(GIB)
+    backend = SimBackend(domain, clock)
+    runtime = Runtime(domain=domain, backend=backend, state_dir=state_dir, clock=clock,
+                      blocking=run_inline, keep_events=True, policy=policy,
+                      keep_agents=keep_agents, predictor=FixedPredictor(10 * MIB, 20 * MIB))
+    return runtime, backend
+
+
+def simulate(tmp_path: Path, body: Body, **kwargs: Any) -> Any:
+    clock = FakeClock()
+
+    async def main() -> Any:
+        runtime, backend = make_runtime(tmp_path / "state", clock, **kwargs)
+        async with runtime:
+            return await body(runtime, backend, clock)
+
+    return asyncio.run(run_simulated(main(), clock))
+
+
+def sandbox_of(rt: Runtime, agent_id: str) -> SimSandbox:
+    sandbox = rt.residency.sandbox_for(agent_id)
+    assert isinstance(sandbox, SimSandbox)
+    return sandbox
+
+
+def kinds(rt: Runtime, kind: str, agent_id: str) -> list[dict[str, Any]]:
+    return [e for e in rt.events.of_kind(kind) if e.get("agent_id") == agent_id]
+
+
+# -- interactive commands as actions ---------------------------------------------------
+
+
+def test_an_interactive_action_gets_its_control_and_is_still_admitted(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        controls: list[ExecControl] = []
+
+        def started(control: ExecControl) -> None:
+            controls.append(control)
+            asyncio.ensure_future(control.signal(signal.SIGTERM))
+
+        result = await agent.run(load(30.0), timeout=60, io=ExecIO(on_start=started))
+        return result, controls, kinds(rt, "admit", agent.id)
+
+    result, controls, admits = simulate(tmp_path, body)
+    assert len(controls) == 1
+    assert result.exit_code == -signal.SIGTERM  # the signal reached the command
+    assert result.duration_s < 1.0
+    assert [a["action_id"] for a in admits] == [result.action_id]
+
+
+# -- commands alongside the action in flight --------------------------------------------
+
+
+def test_alongside_runs_next_to_the_action_without_an_admission(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        with pytest.raises(NotBusy):  # nothing in flight before the first action
+            await agent.run_alongside(load(1.0), timeout=10)
+        main = asyncio.ensure_future(agent.run(load(5.0), timeout=60))
+        await asyncio.sleep(0)  # the action is ready, not yet started: alongside waits
+        side = await agent.run_alongside(load(1.0), timeout=10)
+        side_done_at = clock.now()
+        assert not main.done()
+        result = await main
+        with pytest.raises(NotBusy):
+            await agent.run_alongside(load(1.0), timeout=10)
+        return side, side_done_at, result, clock.now(), len(rt.events.of_kind("admit")), \
+            sandbox_of(rt, agent.id).commands
+
+    side, side_done_at, result, end, num_admits, commands = simulate(tmp_path, body)
+    assert side.exit_code == 0
+    assert "sim load done" in side.output
+    assert side_done_at < end
+    assert result.outcome is Outcome.OK
+    assert num_admits == 1
+    assert len(commands) == 2  # both ran in the one sandbox
+
+
+def test_a_command_outliving_its_action_pins_the_sandbox_and_the_boundary(
+        tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        main = asyncio.ensure_future(agent.run(load(1.0), timeout=60))
+        side = asyncio.ensure_future(agent.run_alongside(load(6.0), timeout=60))
+        await main
+        seen: dict[str, Any] = {"during": rt.residency_of(agent.id),
+                "teardown_during": await rt.teardown_now(agent.id),
+                "residency_event": kinds(rt, "residency", agent.id)[-1]}
+        teardown = await rt.residency.teardown(agent.id)  # the protocol itself refuses too
+        seen["refused"] = (teardown.outcome, teardown.step)
+        await side
+        seen["after"] = rt.residency_of(agent.id)
+        seen["teardown_after"] = await rt.teardown_now(agent.id)
+        seen["live"] = len(backend.live())
+        return seen
+
+    seen = simulate(tmp_path, body)
+    assert seen["during"] == "busy"
+    assert seen["teardown_during"].startswith("busy")
+    assert seen["residency_event"]["restartable"] is False
+    assert "alongside" in seen["residency_event"]["eligibility"]
+    assert seen["refused"] == ("kept_resident", "held")
+    assert seen["after"] == "resident_only"
+    assert seen["teardown_after"].startswith("resident_only")
+    assert seen["live"] == 1
+
+
+# -- workspace edits -----------------------------------------------------------------------
+
+
+def test_an_edit_before_the_first_action_is_what_the_sandbox_starts_with(
+        tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        async with rt.edit_workspace(agent.id) as root:
+            (root / "workspace" / "in.txt").write_text("given")
+        record = rt._recovery.get(agent.id)
+        state_before = rt.residency_of(agent.id)
+        await agent.run(load(0.5), timeout=60)
+        workspace = sandbox_of(rt, agent.id).spec.workspace
+        return (record, state_before, (workspace / "workspace" / "in.txt").read_text(),
+                rt._recovery.get(agent.id), kinds(rt, "materialize", agent.id))
+
+    record, state_before, text, after, materialized = simulate(tmp_path, body)
+    assert record is not None
+    assert record.generation == 0
+    assert record.state == "torn_down"
+    assert state_before == "new"
+    assert text == "given"
+    assert after is not None
+    assert after.generation == 1
+    assert after.state == "resident"
+    assert len(materialized) == 1
+
+
+def test_an_edit_while_torn_down_is_what_the_rebuild_verifies_and_sees(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(0.5), timeout=60)
+        assert await rt.teardown_now(agent.id) is None
+        assert rt.residency_of(agent.id) == "torn_down"
+        digest = rt._recovery.get(agent.id).manifest_digest  # type: ignore[union-attr]
+        async with rt.edit_workspace(agent.id) as root:
+            (root / "home" / ".bashrc").write_text("export X=1\n")
+        edited = rt._recovery.get(agent.id)
+        await agent.run(load(0.5), timeout=60)  # rebuilds and verifies
+        workspace = sandbox_of(rt, agent.id).spec.workspace
+        return digest, edited, (workspace / "home" / ".bashrc").read_text(), \
+            rt.residency_of(agent.id)
+
+    digest, edited, text, residency = simulate(tmp_path, body)
+    assert edited.state == "torn_down"
+    assert edited.manifest_digest != digest
+    assert edited.generation == 1
+    assert text == "export X=1\n"
+    assert residency == "resident"
+
+
+def test_an_edit_holds_off_a_rebuild_and_a_teardown(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(0.5), timeout=60)
+        release = asyncio.Event()
+        editing = asyncio.Event()
+
+        async def edit() -> None:
+            async with rt.edit_workspace(agent.id) as root:
+                editing.set()
+                await release.wait()
+                (root / "workspace" / "late.txt").write_text("late")
+
+        editor = asyncio.ensure_future(edit())
+        await editing.wait()
+        held = await rt.teardown_now(agent.id)  # resident and idle, but edited: stays
+        release.set()
+        await editor
+        assert await rt.teardown_now(agent.id) is None  # the edit did not spoil the boundary
+
+        release.clear()
+        editing.clear()
+        editor = asyncio.ensure_future(edit())
+        await editing.wait()
+        warm = asyncio.ensure_future(rt.prewarm(agent.id))
+        await clock.sleep(2.0)
+        waited = not warm.done() and rt.residency_of(agent.id) == "torn_down"
+        release.set()
+        await editor
+        await warm
+        workspace = sandbox_of(rt, agent.id).spec.workspace
+        return held, waited, (workspace / "workspace" / "late.txt").read_text()
+
+    held, waited, text = simulate(tmp_path, body)
+    assert held is not None
+    assert "edit" in held
+    assert waited
+    assert text == "late"
+
+
+def test_closing_a_never_run_agent_removes_the_root_its_edit_made(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        async with rt.edit_workspace(agent.id) as root:
+            (root / "tmp" / "x").write_text("x")
+        await agent.close()
+        return root.exists(), rt._recovery.get(agent.id)
+
+    exists, record = simulate(tmp_path, body)
+    assert not exists
+    assert record is None
+
+
+# -- teardown and rebuild on request, and the residency view --------------------------------
+
+
+def test_teardown_now_and_prewarm_follow_the_agents_state(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        out: dict[str, Any] = {"new": rt.residency_of(agent.id),
+                               "teardown_new": await rt.teardown_now(agent.id)}
+        await rt.prewarm(agent.id)  # nothing to rebuild: no sandbox yet
+        out["live_after_prewarm_new"] = len(backend.live())
+        main = asyncio.ensure_future(agent.run(load(3.0), timeout=60))
+        await clock.sleep(1.0)
+        out["running"] = rt.residency_of(agent.id)
+        out["teardown_busy"] = await rt.teardown_now(agent.id)
+        await main
+        out["idle"] = rt.residency_of(agent.id)
+        out["teardown"] = await rt.teardown_now(agent.id)
+        out["teardown_again"] = await rt.teardown_now(agent.id)
+        out["torn_down"] = rt.residency_of(agent.id)
+        out["live_torn_down"] = len(backend.live())
+        await rt.prewarm(agent.id)
+        out["prewarmed"] = rt.residency_of(agent.id)
+        await rt.prewarm(agent.id)  # resident: a no-op
+        out["rebuilds"] = len(kinds(rt, "rebuild", agent.id))
+        out["live"] = len(backend.live())
+        with pytest.raises(UnknownAgent):
+            rt.residency_of("nobody")
+        return out
+
+    out = simulate(tmp_path, body)
+    assert out["new"] == "new"
+    assert out["teardown_new"] is None
+    assert out["live_after_prewarm_new"] == 0
+    assert out["running"] == "busy"
+    assert out["teardown_busy"].startswith("busy")
+    assert out["idle"] == "resident"
+    assert out["teardown"] is None
+    assert out["teardown_again"] is None
+    assert out["torn_down"] == "torn_down"
+    assert out["live_torn_down"] == 0
+    assert out["prewarmed"] == "resident"
+    assert out["rebuilds"] == 1
+    assert out["live"] == 1
+
+
+def test_a_resident_only_boundary_is_the_reason_teardown_now_gives(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(0.5), timeout=60)
+        sandbox_of(rt, agent.id).leftover_processes = [LEFTOVER]
+        await agent.run(load(0.5), timeout=60)
+        return rt.residency_of(agent.id), await rt.teardown_now(agent.id), len(backend.live())
+
+    residency, reason, live = simulate(tmp_path, body)
+    assert residency == "resident_only"
+    assert reason is not None
+    assert reason.startswith("resident_only")
+    assert "4242" in reason
+    assert live == 1
+
+
+def test_a_failed_rebuild_shows_blocked_and_prewarm_raises(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        await agent.run(load(0.5), timeout=60)
+        assert await rt.teardown_now(agent.id) is None
+        # a write that bypasses edit_workspace: the committed digest no longer matches
+        (rt.workspaces.path_for(agent.id) / "workspace" / "stray").write_text("x")
+        with pytest.raises(RecoveryError):
+            await rt.prewarm(agent.id)
+        return rt.residency_of(agent.id)
+
+    assert simulate(tmp_path, body) == "blocked"
+
+
+def test_an_oom_killed_attempt_shows_failed(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agents = [await rt.create_agent(image="sim") for _ in range(2)]
+        results = await asyncio.gather(*(a.run(load(3.0, peak_mib=700), timeout=60)
+                                         for a in agents))
+        failed = [a for a, r in zip(agents, results, strict=True)
+                  if r.outcome is Outcome.OOM_KILLED]
+        assert failed
+        return rt.residency_of(failed[0].id), await rt.teardown_now(failed[0].id)
+
+    residency, reason = simulate(tmp_path, body, policy="eager")
+    assert residency == "failed"
+    assert reason is not None
+    assert reason.startswith("failed")
+
+
+# -- a restart that keeps agents ----------------------------------------------------------
+
+
+def test_a_restart_keeping_agents_restores_each_as_a_crash_would(tmp_path: Path) -> None:
+    clock = FakeClock()
+    state_dir = tmp_path / "state"
+
+    async def main() -> Any:
+        first, backend = make_runtime(state_dir, clock, keep_agents=True)
+        async with first:
+            await first.create_agent(image="sim", agent_id="fresh", workflow="wf-f")
+            idle = await first.create_agent(image="sim", agent_id="idle")
+            pinned = await first.create_agent(image="sim", agent_id="pinned")
+            for agent in (idle, pinned):
+                await agent.run(load(0.5), timeout=60)
+            root = first.residency.sandbox_for("idle").spec.workspace  # type: ignore[union-attr]
+            (root / "workspace" / "kept.txt").write_text("kept")
+            sandbox_of(first, "pinned").leftover_processes = [LEFTOVER]
+            await pinned.run(load(0.5), timeout=60)
+            assert first.residency_of("pinned") == "resident_only"
+        assert backend.live() == []
+
+        second, _ = make_runtime(state_dir, clock)
+        async with second:
+            recovered = {a.id: a for a in second.recover()}
+            seen = {i: second.residency_of(i) for i in recovered}
+            meta = second.agents["fresh"].workflow
+            kept = await recovered["idle"].run(load(0.5), timeout=60)
+            text = (second.residency.sandbox_for("idle").spec.workspace  # type: ignore[union-attr]
+                    / "workspace" / "kept.txt").read_text()
+            first_run = await recovered["fresh"].run(load(0.5), timeout=60)
+            reason = second.last_reconcile.blocked.get("pinned")  # type: ignore[union-attr]
+        return seen, meta, kept, text, first_run, reason
+
+    seen, meta, kept, text, first_run, reason = asyncio.run(run_simulated(main(), clock))
+    assert seen == {"fresh": "new", "idle": "torn_down", "pinned": "blocked"}
+    assert meta == "wf-f"
+    assert kept.outcome is Outcome.OK
+    assert text == "kept"
+    assert first_run.outcome is Outcome.OK
+    assert reason is not None
+    assert "resident-only" in reason
+    assert "4242" in reason
+
+
+def test_a_default_close_still_ends_every_workflow(tmp_path: Path) -> None:
+    clock = FakeClock()
+    state_dir = tmp_path / "state"
+
+    async def main() -> Any:
+        first, _ = make_runtime(state_dir, clock)
+        async with first:
+            agent = await first.create_agent(image="sim")
+            await agent.run(load(0.5), timeout=60)
+        second, _ = make_runtime(state_dir, clock)
+        async with second:
+            return second.recover()
+
+    assert asyncio.run(run_simulated(main(), clock)) == []
