@@ -94,6 +94,16 @@ def run(sb: Sandbox, command: str, streams: Streams | None = None,
     return asyncio.ensure_future(sb.exec(command, timeout_s=timeout_s, io=io))
 
 
+async def both_sleeps_run(sb: Sandbox) -> None:
+    """Until TREE_COMMAND's two sleeps have exec'd ("started" may come a moment before)."""
+    for _ in range(500):
+        commands = {p.command for p in sb.processes()}
+        if {"sleep 1001", "sleep 1002"} <= commands:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the background sleeps never ran: {commands}")
+
+
 async def no_processes_left(sb: Sandbox) -> None:
     for _ in range(500):  # a signalled process needs a moment to be gone
         if not sb.processes():
@@ -195,9 +205,7 @@ async def test_signal_ends_the_command_and_its_background_children(sandbox, sign
     streams = Streams()
     task = run(sandbox, TREE_COMMAND, streams)
     await streams.until("stdout", b"started\n")
-    commands = sorted(p.command for p in sandbox.processes())
-    assert "sleep 1001" in commands
-    assert "sleep 1002" in commands
+    await both_sleeps_run(sandbox)
     await streams.starts[0].signal(signum)
     result = await task
     assert result.exit_code == -signum
@@ -253,3 +261,21 @@ async def test_a_failing_callback_loses_no_output(sandbox):
 async def test_without_io_one_pipe_keeps_the_interleaving(sandbox):
     result = await sandbox.exec("echo out; echo err >&2; echo out2; pwd", timeout_s=30)
     assert result.output.splitlines() == ["out", "err", "out2", "/workspace"]
+
+
+async def test_sigkill_while_the_gate_holds_the_sandbox_ends_it_once_thawed(sandbox):
+    streams = Streams()
+    task = run(sandbox, TREE_COMMAND, streams)
+    await streams.until("stdout", b"started\n")
+    await both_sleeps_run(sandbox)
+    sandbox.cgroup.freeze()
+    try:
+        kill = asyncio.ensure_future(streams.starts[0].signal(signal.SIGKILL))
+        await asyncio.sleep(0.05)
+        assert not kill.done()  # a frozen process cannot die: the kill waits for the thaw
+        assert not task.done()
+    finally:
+        sandbox.cgroup.thaw()
+    await kill
+    assert (await task).exit_code == -signal.SIGKILL
+    assert sandbox.processes() == []

@@ -265,9 +265,20 @@ def cwd_env_argv(cwd: str, env: Mapping[str, str], command: str) -> list[str]:
 
 def signal_action(root_pid: int, candidates: Iterable[int], exec_id: str, signum: int, *,
                   exclude: set[int]) -> list[int]:
-    """Send `signum` to every live process of the action's tree but `exclude`; the pids hit."""
-    pids = action_pids(root_pid, candidates, exec_id) - exclude
-    return procs.kill_pids(sorted(p for p in pids if procs.is_alive(p)), signum)
+    """Send `signum` to every live process of the action's tree but `exclude`, parents
+    before their children (a shell killed first cannot see its children die and exit
+    normally in between); returns the pids hit."""
+    pids = {p for p in action_pids(root_pid, candidates, exec_id) - exclude
+            if procs.is_alive(p)}
+    parents = {pid: info.ppid for pid in pids if (info := procs.process_info(pid))}
+
+    def depth(pid: int) -> int:
+        seen = 0
+        while (pid := parents.get(pid, 0)) in parents and seen < len(parents):
+            seen += 1
+        return seen
+
+    return procs.kill_pids(sorted(pids, key=lambda p: (depth(p), p)), signum)
 
 
 async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,

@@ -412,17 +412,21 @@ class _ProcessControl:
 
     async def signal(self, signum: int) -> None:
         """Signal the action's processes inside the sandbox (nsenter, outside it, is spared:
-        it reaps the action's shell). SIGKILL ends the whole tree (`kill_action`) and waits
-        while the gate holds the sandbox (a frozen process cannot die of it until thawed)."""
-        sandbox, root_pid = self._sandbox, self._proc.pid
-        if signum != signal.SIGKILL:
-            if not self._done:
-                signal_action(root_pid, sandbox.cgroup.pids(), self._exec_id, signum,
-                              exclude={*sandbox._own_pids, root_pid})
+        it reaps the action's shell). For SIGKILL, then wait until the whole tree is gone
+        (`kill_action`), after the gate lets the sandbox go if it holds it (a frozen
+        process only dies once thawed)."""
+        if self._done:
             return
-        with contextlib.suppress(OSError):  # the cgroup is gone with the sandbox
+        sandbox, root_pid = self._sandbox, self._proc.pid
+        try:
+            signal_action(root_pid, sandbox.cgroup.pids(), self._exec_id, signum,
+                          exclude={*sandbox._own_pids, root_pid})
+            if signum != signal.SIGKILL:
+                return
             while not self._done and sandbox.cgroup.is_frozen():  # noqa: ASYNC110 - the freezer
                 await asyncio.sleep(_HELD_POLL_S)
+        except OSError:  # the cgroup is gone, and the action with the sandbox
+            return
         if not self._done:
             await kill_action(root_pid, sandbox.cgroup.pids, self._exec_id,
                               exclude=sandbox._own_pids)
