@@ -23,6 +23,8 @@ def serve_cmd(
     state_dir: Annotated[Path, typer.Option(help="Tenon's state directory (sandboxes, "
                                                  "their workspaces and records).")] = (
         DEFAULT_STATE_DIR),
+    image_dir: Annotated[Path | None, typer.Option(
+        help="Where the base images are (default: the state directory).")] = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to listen on (port 0: any free "
                                              "one).")] = "127.0.0.1:49982",
     api_keys_file: Annotated[Path | None, typer.Option(
@@ -44,7 +46,8 @@ def serve_cmd(
         require_writable_dir(state_dir, what="--state-dir")
         keys, source = load_api_keys(keys_file=api_keys_file, state_dir=state_dir)
         settings = ServeSettings(budget_bytes=parse_size(budget, what="--budget"),
-                                 backend=backend, state_dir=state_dir, host=host,
+                                 backend=backend, state_dir=state_dir, image_dir=image_dir,
+                                 host=host,
                                  port=int(port), api_keys=tuple(keys), policy=policy,
                                  policy_config=parse_settings(setting or []))
         asyncio.run(serve(settings, announce=[f"tenon serve: API keys from {source}"]))

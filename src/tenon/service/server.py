@@ -9,12 +9,13 @@ recovered the same way (docs/RECOVERY.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tenon.errors import ConfigError
 from tenon.policy.config import PolicyConfig
 from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
+from tenon.runtime.controller import Runtime
 from tenon.runtime.open import open_runtime
 from tenon.service.app import TenonApp
 from tenon.service.sessions import DEFAULT_TEMPLATE, SessionManager
@@ -45,6 +47,7 @@ class ServeSettings(BaseModel):
     budget_bytes: int = Field(gt=0)
     backend: str = "process"
     state_dir: Path
+    image_dir: Path | None = None  # where base images are built (default: the state dir)
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     api_keys: tuple[str, ...] = ()
@@ -101,38 +104,54 @@ async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> Non
     config = PolicyConfig.model_validate(settings.policy_config)
     predictor = OnlinePredictor(StaticPredictor(heavy_peak_bytes=config.heavy_peak_bytes),
                                 heavy_peak_bytes=config.heavy_peak_bytes)
+    images = settings.image_dir or settings.state_dir
     async with open_runtime(budget_bytes=settings.budget_bytes, backend=settings.backend,
-                            state_dir=settings.state_dir, keep_agents=True,
+                            state_dir=images, run_dir=settings.state_dir, keep_agents=True,
                             policy=settings.policy, config=config,
                             predictor=predictor) as runtime:
-        sessions = SessionManager(runtime, settings.state_dir,
-                                  templates={DEFAULT_TEMPLATE: settings.image},
-                                  image_root=image_root_for(settings.backend,
-                                                            settings.state_dir),
-                                  max_write_bytes=settings.max_write_bytes)
-        await sessions.start()
-        try:
-            extra = _pages(runtime)
-            app = TenonApp(sessions, settings.api_keys, extra_routes=extra,
-                           max_write_bytes=settings.max_write_bytes)
-            server = uvicorn.Server(uvicorn.Config(
-                app, host=settings.host, port=settings.port, log_level="warning",
-                lifespan="off", timeout_graceful_shutdown=5))
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
-            await server.startup()
-            if server.should_exit:  # the address was taken: uvicorn logged why
-                raise ConfigError(f"cannot listen on {settings.host}:{settings.port}")
-            port = server.servers[0].sockets[0].getsockname()[1]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with serving(runtime, settings.state_dir, api_keys=settings.api_keys,
+                           host=settings.host, port=settings.port, image=settings.image,
+                           image_root=image_root_for(settings.backend, images),
+                           max_write_bytes=settings.max_write_bytes) as url:
             for line in announce:
-                print(line.format(url=f"http://{settings.host}:{port}"), flush=True)
-            print(f"tenon serve: listening on http://{settings.host}:{port}", flush=True)
-            await server.main_loop()
-            await server.shutdown()
-        finally:
-            await sessions.close()
+                print(line, flush=True)
+            print(f"tenon serve: listening on {url}", flush=True)
+            await stop.wait()
     print("tenon serve: stopped; sandboxes kept for the next start", file=sys.stderr)
+
+
+@contextlib.asynccontextmanager
+async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
+                  host: str = "127.0.0.1", port: int = 0, image: str = DEFAULT_IMAGE,
+                  image_root: Any = None, max_write_bytes: int = 100 * 1024 * 1024
+                  ) -> AsyncIterator[str]:
+    """Serve `runtime` over E2B's API on this event loop while the block runs; yields the
+    base URL. The sessions' store is in `state_dir`. The bench uses it to drive a runtime
+    through the front door in the same process."""
+    sessions = SessionManager(runtime, state_dir, templates={DEFAULT_TEMPLATE: image},
+                              image_root=image_root, max_write_bytes=max_write_bytes)
+    await sessions.start()
+    try:
+        app = TenonApp(sessions, api_keys, extra_routes=_pages(runtime),
+                       max_write_bytes=max_write_bytes)
+        server = uvicorn.Server(uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off",
+            timeout_graceful_shutdown=5, backlog=4096))
+        await server.startup()
+        if server.should_exit:  # the address was taken: uvicorn logged why
+            raise ConfigError(f"cannot listen on {host}:{port}")
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield f"http://{host}:{bound}"
+        finally:
+            server.should_exit = True
+            await server.shutdown()
+    finally:
+        await sessions.close()
 
 
 def _pages(runtime: Any) -> list[Any]:

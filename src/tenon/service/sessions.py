@@ -40,6 +40,9 @@ TIMER_PERIOD_S = 0.5
 # Metadata keys a client sets to inform Tenon's predictor (E2B carries them unchanged).
 TASK_KEY, FAMILY_KEY, WORKFLOW_KEY = "tenon.task", "tenon.family", "tenon.workflow"
 PROFILE_PEAK_KEY = "tenon.profile_peak_bytes"  # the peak-reserving baselines need it
+# A command's environment may name the command it stands for (a wrapper's real command) and
+# its action class; both go to the predictor, neither into the sandbox.
+ACTION_ENV, ACTION_CLASS_ENV = "TENON_ACTION", "TENON_ACTION_CLASS"
 
 
 @dataclass
@@ -245,6 +248,9 @@ class SessionManager:
             raise SandboxUnavailable(session.unavailable or f"{session.sandbox_id} is lost")
         agent = session.agent
         env = {**session.record.env_vars, **io.env}
+        # A client may name what a wrapped command really is, for the predictor.
+        issued = env.pop(ACTION_ENV, None) or shell_words(command)
+        action_class = env.pop(ACTION_CLASS_ENV, None)
         io.env = env
         line = command.spec.shell_line()
         while True:
@@ -256,7 +262,7 @@ class SessionManager:
                 pass
             try:
                 action = await agent.run(line, timeout=timeout_s, io=io, max_output_bytes=4096,
-                                         issued_command=shell_words(command))
+                                         issued_command=issued, action_class=action_class)
             except WorkflowFailed as exc:
                 raise SandboxUnavailable(str(exc)) from exc
             except SandboxError as exc:

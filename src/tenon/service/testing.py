@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT_S = 60.0
+IMAGE_DIR = Path("/var/lib/tenon")  # where setup builds the base image
 STOP_TIMEOUT_S = 60.0
 
 
@@ -28,6 +29,7 @@ class ServerHandle:
     budget: str
     backend: str
     extra_args: tuple[str, ...]
+    image_dir: Path = IMAGE_DIR
     api_key: str = field(default_factory=lambda: f"e2b_{secrets.token_hex(16)}")
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
@@ -54,7 +56,8 @@ class ServerHandle:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tenon.cli.main", "serve", "--budget", self.budget,
              "--backend", self.backend, "--state-dir", str(self.state_dir),
-             "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
+             "--listen", f"127.0.0.1:{self.port}", "--image-dir", str(self.image_dir),
+             *self.extra_args],
             stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
         log.close()
         assert self.proc.stdout is not None
@@ -109,10 +112,11 @@ class ServerHandle:
 
 @contextlib.contextmanager
 def running_server(state_dir: Path, *, budget: str = "2GiB", backend: str = "process",
-                   extra_args: Sequence[str] = ()) -> Iterator[ServerHandle]:
+                   extra_args: Sequence[str] = (), image_dir: Path = IMAGE_DIR
+                   ) -> Iterator[ServerHandle]:
     """A started server; stopped with SIGTERM on exit (which keeps its sandboxes on disk:
     remove `state_dir` to drop them)."""
-    handle = ServerHandle(state_dir, budget, backend, tuple(extra_args))
+    handle = ServerHandle(state_dir, budget, backend, tuple(extra_args), image_dir)
     handle.start()
     try:
         yield handle
