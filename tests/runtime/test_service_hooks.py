@@ -357,6 +357,11 @@ def test_a_restart_keeping_agents_restores_each_as_a_crash_would(tmp_path: Path)
             sandbox_of(first, "pinned").leftover_processes = [LEFTOVER]
             await pinned.run(load(0.5), timeout=60)
             assert first.residency_of("pinned") == "resident_only"
+            running = await first.create_agent(image="sim", agent_id="running")
+            await running.run(load(0.5), timeout=60)
+            cut = asyncio.ensure_future(running.run(load(30.0), timeout=60))
+            await clock.sleep(1.0)
+        assert (await cut).outcome is Outcome.SANDBOX_DIED
         assert backend.live() == []
 
         second, _ = make_runtime(state_dir, clock)
@@ -368,11 +373,16 @@ def test_a_restart_keeping_agents_restores_each_as_a_crash_would(tmp_path: Path)
             text = (second.residency.sandbox_for("idle").spec.workspace  # type: ignore[union-attr]
                     / "workspace" / "kept.txt").read_text()
             first_run = await recovered["fresh"].run(load(0.5), timeout=60)
-            reason = second.last_reconcile.blocked.get("pinned")  # type: ignore[union-attr]
+            report = second.last_reconcile
+            assert report is not None
+            assert report.interrupted == {"running": "running-a0002"}
+            assert report.recaptured == ("running",)
+            reason = report.blocked.get("pinned")
         return seen, meta, kept, text, first_run, reason
 
     seen, meta, kept, text, first_run, reason = asyncio.run(run_simulated(main(), clock))
-    assert seen == {"fresh": "new", "idle": "torn_down", "pinned": "blocked"}
+    assert seen == {"fresh": "new", "idle": "torn_down", "pinned": "blocked",
+                    "running": "torn_down"}
     assert meta == "wf-f"
     assert kept.outcome is Outcome.OK
     assert text == "kept"
@@ -396,3 +406,82 @@ def test_a_default_close_still_ends_every_workflow(tmp_path: Path) -> None:
             return second.recover()
 
     assert asyncio.run(run_simulated(main(), clock)) == []
+
+
+# -- on the process backend ---------------------------------------------------------------
+
+STATE_DIR = Path("/var/lib/tenon")
+IMAGE = "tenon-base:bookworm"
+
+
+def _need_real_sandboxes() -> None:
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("real sandboxes need root")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if not (STATE_DIR / "images").exists():
+        pytest.skip("base image missing: run `tenon image build`")
+
+
+@pytest.mark.sandbox
+@pytest.mark.cgroups
+@pytest.mark.disk
+@pytest.mark.slow
+async def test_hooks_on_real_sandboxes_and_a_restart_that_keeps_them(tmp_path: Path) -> None:
+    from tenon.host import diskfs
+    from tenon.runtime.open import open_runtime
+
+    _need_real_sandboxes()
+    run_dir = tmp_path / "run"
+    opened: dict[str, Any] = {"budget_bytes": 1024 * MIB, "state_dir": STATE_DIR, "run_dir": run_dir,
+              "predictor": FixedPredictor(16 * MIB, 32 * MIB)}
+    async with open_runtime(keep_agents=True, **opened) as rt:
+        agent = await rt.create_agent(image=IMAGE, agent_id="svc-a")
+        main = asyncio.ensure_future(agent.run("sleep 1.5; cat /workspace/side.txt",
+                                               timeout=30))
+        await asyncio.sleep(0)  # the action is in flight (it may not have started yet)
+        side = await agent.run_alongside("echo side > /workspace/side.txt; echo hi",
+                                         timeout=30)
+        assert side.exit_code == 0
+        assert side.output == "hi\n"
+        done = await main
+        assert done.output == "side\n"
+
+        main = asyncio.ensure_future(agent.run("sleep 1", timeout=30))
+        await asyncio.sleep(0)
+        outliving = asyncio.ensure_future(agent.run_alongside("sleep 3", timeout=30))
+        await main
+        assert rt.residency_of(agent.id) == "busy"
+        assert (await outliving).exit_code == 0
+        assert rt.residency_of(agent.id) == "resident_only"  # the real check saw the sleep
+        reason = await rt.teardown_now(agent.id)
+        assert reason is not None
+        assert reason.startswith("resident_only")
+
+        assert (await agent.run("true", timeout=30)).exit_code == 0
+        assert await rt.teardown_now(agent.id) is None
+        async with rt.edit_workspace(agent.id) as root:
+            assert diskfs.mounted_at(root) is not None
+            (root / "workspace" / "edited.txt").write_text("edited")
+        await rt.prewarm(agent.id)
+        assert rt.residency_of(agent.id) == "resident"
+        seen = await agent.run("cat /workspace/edited.txt", timeout=30)
+        assert seen.output == "edited"
+        assert await rt.teardown_now(agent.id) is None
+        fresh = await rt.create_agent(image=IMAGE, agent_id="svc-new")
+        async with rt.edit_workspace(fresh.id) as root:
+            (root / "home" / "given.txt").write_text("given")
+
+    async with open_runtime(**opened) as rt:
+        assert sorted(rt.recovered) == ["svc-a", "svc-new"]
+        assert rt.residency_of("svc-a") == "torn_down"
+        assert rt.residency_of("svc-new") == "new"
+        again = await rt.recovered["svc-a"].run("cat /workspace/edited.txt", timeout=30)
+        assert again.output == "edited"
+        given = await rt.recovered["svc-new"].run("cat ~/given.txt", timeout=30)
+        assert given.output == "given"
+    assert diskfs.mounts_under(run_dir / "workspaces") == []
+    assert not any((run_dir / "workspaces").glob("svc-*"))

@@ -721,9 +721,12 @@ class Runtime:
         if outcome is Outcome.OOM_KILLED:
             self.events.emit("oom_kill", action_id=action.action_id, agent_id=state.agent_id,
                              sandbox_id=action.gate_id, num_kills=oom_kills)
-        if not outcome.fails_attempt and self.spec.use_residency:
+        # A runtime stopping and keeping its agents may have destroyed the sandbox under
+        # the action: its marks stay as a crash leaves them (in flight, previous boundary).
+        kept = self._closed and self._keep_agents
+        if not outcome.fails_attempt and self.spec.use_residency and not kept:
             await self.boundary.after_action(state, sandbox, last_usage=idle_bytes)
-        if not outcome.fails_attempt and not state.closed:  # a closed agent has no record
+        if not outcome.fails_attempt and not state.closed and not kept:  # closed: no record
             # before any teardown of this boundary runs: a crash later restores by it
             checked = self.spec.use_residency
             self._recovery.note_action_done(
