@@ -436,8 +436,9 @@ async def test_hooks_on_real_sandboxes_and_a_restart_that_keeps_them(tmp_path: P
 
     _need_real_sandboxes()
     run_dir = tmp_path / "run"
-    opened: dict[str, Any] = {"budget_bytes": 1024 * MIB, "state_dir": STATE_DIR, "run_dir": run_dir,
-              "predictor": FixedPredictor(16 * MIB, 32 * MIB)}
+    opened: dict[str, Any] = {"budget_bytes": 1024 * MIB, "state_dir": STATE_DIR,
+                              "run_dir": run_dir,
+                              "predictor": FixedPredictor(16 * MIB, 32 * MIB)}
     async with open_runtime(keep_agents=True, **opened) as rt:
         agent = await rt.create_agent(image=IMAGE, agent_id="svc-a")
         main = asyncio.ensure_future(agent.run("sleep 1.5; cat /workspace/side.txt",
