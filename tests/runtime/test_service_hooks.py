@@ -233,6 +233,37 @@ def test_an_edit_holds_off_a_rebuild_and_a_teardown(tmp_path: Path) -> None:
     assert text == "late"
 
 
+def test_a_first_action_during_an_edit_materializes_from_the_edited_root(
+        tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        agent = await rt.create_agent(image="sim")
+        release = asyncio.Event()
+
+        async def edit() -> None:
+            async with rt.edit_workspace(agent.id) as root:
+                await release.wait()
+                (root / "workspace" / "in.txt").write_text("given")
+
+        editor = asyncio.ensure_future(edit())
+        await asyncio.sleep(0)
+        first = asyncio.ensure_future(agent.run(load(0.5), timeout=60))
+        await clock.sleep(1.0)
+        waited = not first.done() and backend.live() == []
+        release.set()
+        await editor
+        result = await first
+        workspace = sandbox_of(rt, agent.id).spec.workspace
+        return (waited, result, (workspace / "workspace" / "in.txt").read_text(),
+                rt._recovery.get(agent.id))
+
+    waited, result, text, record = simulate(tmp_path, body)
+    assert waited
+    assert result.outcome is Outcome.OK
+    assert text == "given"
+    assert record.generation == 1
+    assert record.state == "resident"
+
+
 def test_closing_a_never_run_agent_removes_the_root_its_edit_made(tmp_path: Path) -> None:
     async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
         agent = await rt.create_agent(image="sim")

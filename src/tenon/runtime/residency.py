@@ -206,10 +206,11 @@ class ResidencyManager:
         async with slot.lock:
             if slot.sandbox is not None:
                 return slot.sandbox
-            if self._recovery.get(agent_id) is not None:
-                return await self._rematerialize_locked(agent_id, slot)
             config = dict(config or {})
             async with slot.lifecycle_step():
+                # after the wait: an edit of a new agent commits a record to rebuild from
+                if self._recovery.get(agent_id) is not None:
+                    return await self._rematerialize_stepped(agent_id, slot)
                 workspace = await self._blocking(self._workspaces.create, agent_id, config)
                 sandbox = await self._backend.materialize(
                     _spec_for(agent_id, 1, image, workspace, config)
@@ -219,7 +220,8 @@ class ResidencyManager:
                 except BaseException:
                     await self._destroy_or_park(agent_id, slot, sandbox)
                     raise
-            slot.sandbox, slot.generation, slot.image, slot.config = sandbox, 1, image, config
+                slot.sandbox, slot.generation, slot.image, slot.config = (
+                    sandbox, 1, image, config)
             logger.info("agent %s: generation 1 materialized", agent_id)
             return sandbox
 
