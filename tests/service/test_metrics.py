@@ -32,8 +32,6 @@ from tenon.runtime.open import open_runtime
 from tenon.runtime.results import Outcome
 from tenon.service.metrics import EventMetrics, metrics_route
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups, pytest.mark.slow]
-
 STATE_DIR = Path("/var/lib/tenon")
 MIB = 1024 * 1024
 BUDGET = 512 * MIB
@@ -130,6 +128,9 @@ async def _until(api: str, promql: str, check: Callable[[float], bool]) -> float
     pytest.fail(f"{promql} = {value}: never passed its check")
 
 
+@pytest.mark.sandbox
+@pytest.mark.cgroups
+@pytest.mark.slow
 async def test_prometheus_scrapes_domain_sandboxes_and_lifecycle(tmp_path: Path) -> None:
     _need_real_sandboxes_and_prometheus()
     # teardown and rebuild cost nothing: every idle boundary after a model wait tears down
@@ -211,3 +212,22 @@ def test_event_metrics_count_what_the_events_say() -> None:
     assert "tenon_admission_wait_seconds_count 1.0" in text
     assert "tenon_admission_wait_seconds_sum 2.5" in text
     assert 'tenon_gate_decisions_total{decision="freeze"} 1.0' in text
+
+
+def test_subscribers_see_every_event_and_a_failing_one_stops_nothing() -> None:
+    from tenon.clock import FakeClock
+    from tenon.runtime.events import EventLog
+
+    log = EventLog(None, FakeClock().now)
+    seen: list[str] = []
+
+    def broken(event: dict[str, Any]) -> None:
+        raise RuntimeError(f"observer bug on {event['kind']}")
+
+    log.subscribe(broken)
+    unsubscribe = log.subscribe(lambda event: seen.append(event["kind"]))
+    log.emit("admit", action_id="a1")
+    unsubscribe()
+    log.emit("teardown", agent_id="x")
+    assert seen == ["admit"]
+    assert [e["kind"] for e in log.events or []] == ["admit", "teardown"]
