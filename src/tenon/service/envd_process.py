@@ -30,7 +30,7 @@ class ProcessService:
         self._sessions = sessions
 
     def _session(self, ctx: RequestContext[object, object]) -> Session:
-        headers = ctx.request_headers()
+        headers = ctx.request_headers
         try:
             return self._sessions.for_sandbox_call(headers.get(SANDBOX_HEADER),
                                                    headers.get(TOKEN_HEADER))
@@ -70,7 +70,7 @@ class ProcessService:
             raise ConnectError(Code.INVALID_ARGUMENT, "the process has no cmd")
         spec = CommandSpec(config.cmd, tuple(config.args), dict(config.envs), config.cwd or None,
                            request.tag or None, bool(request.stdin))
-        timeout_ms = ctx.timeout_ms()
+        timeout_ms = ctx.timeout_ms
         timeout_s = timeout_ms / 1000 if timeout_ms else NO_TIMEOUT_S
         sessions = self._sessions
 
@@ -159,7 +159,7 @@ async def _write(command: Command, data: pb.ProcessInput | None) -> None:
 
 
 def _keepalive_s(ctx: RequestContext[object, object]) -> float:
-    raw = ctx.request_headers().get(KEEPALIVE_HEADER)
+    raw = ctx.request_headers.get(KEEPALIVE_HEADER)
     try:
         return max(float(raw), 1.0) if raw else DEFAULT_KEEPALIVE_S
     except ValueError:

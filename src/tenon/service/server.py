@@ -138,9 +138,11 @@ async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
     try:
         app = TenonApp(sessions, api_keys, extra_routes=_pages(runtime),
                        max_write_bytes=max_write_bytes)
-        server = uvicorn.Server(uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan="off",
-            timeout_graceful_shutdown=5, backlog=4096))
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                lifespan="off", timeout_graceful_shutdown=5, backlog=4096)
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)  # what Server.serve() sets up
         await server.startup()
         if server.should_exit:  # the address was taken: uvicorn logged why
             raise ConfigError(f"cannot listen on {host}:{port}")
