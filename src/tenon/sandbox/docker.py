@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import os
+import signal
 import socket
 import statistics
 import tempfile
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import docker
 import docker.errors
 from docker.models.containers import Container
-from docker.utils.socket import frames_iter
+from docker.utils.socket import STDERR, frames_iter
 
 from tenon.errors import (
     BackendUnavailable,
@@ -51,8 +52,23 @@ from tenon.errors import (
     SandboxFrozen,
 )
 from tenon.host import nsinspect, procs
-from tenon.sandbox._exec import EXEC_ID_VAR, describe, kill_action
-from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS, ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox._exec import (
+    EXEC_ID_VAR,
+    OutputBuffer,
+    cwd_env_argv,
+    describe,
+    exec_env,
+    kill_action,
+    signal_action,
+)
+from tenon.sandbox.base import (
+    HOME_DIR,
+    PERSISTENT_MOUNTS,
+    ExecIO,
+    ExecResult,
+    ProcessInfo,
+    SandboxSpec,
+)
 from tenon.sandbox.container_files import unexpected_writable_mounts, walk_upper, written_paths
 from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
@@ -78,7 +94,9 @@ _READY_TIMEOUT_S = 10.0
 # one pipe for both keeps the interleaving. The action is still exactly `sh -c command`.
 _MERGED_SH = ("/bin/sh", "-c", 'exec 2>&1; exec /bin/sh -c "$1"', "sh")
 _IO_GRACE_S = 0.1  # after the exec exits, how long a background holder may keep its output
+_PID_POLL_S = 0.005  # how often to ask for a just-started exec's pid
 _REAP_TIMEOUT_S = 2.0  # how long a killed exec's process may take to be reaped by the shim
+_CANCEL_KILL_TIMEOUT_S = 10.0  # how long a cancelled interactive command's kill may take
 _DAEMON_FIX = "start dockerd (systemctl start docker), or run: bash scripts/setup.sh"
 
 
@@ -373,7 +391,8 @@ class DockerSandbox:
     _destroyed: bool = False
 
     async def exec(
-        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536
+        self, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
+        io: ExecIO | None = None,
     ) -> ExecResult:
         if self._destroyed:
             raise SandboxError(f"sandbox {self.spec.sandbox_id} was destroyed")
@@ -383,43 +402,55 @@ class DockerSandbox:
             raise SandboxDied(f"sandbox {self.spec.sandbox_id} lost its cgroup: {exc}") from exc
         if frozen:
             raise SandboxFrozen(f"sandbox {self.spec.sandbox_id} is frozen by the gate")
+        control = None if io is None else _DockerControl(self, io)
         start = time.perf_counter()
-        while True:
-            result = await self._exec_once(command, timeout_s, max_output_bytes)
-            if result.exit_code != 126 or _PAUSED_REFUSAL not in result.output:
-                return dataclasses.replace(result, duration_s=time.perf_counter() - start)
-            # The gate froze the container while runc was starting the exec, and Docker
-            # refuses to exec into a paused container: the command never ran. It runs once
-            # the gate lets the sandbox go, as a process sandbox's would.
-            logger.debug("sandbox %s: exec refused while held; waiting for the thaw",
-                         self.spec.sandbox_id)
-            while self.cgroup.is_frozen():  # noqa: ASYNC110 - the kernel's freezer state
-                await asyncio.sleep(_HELD_POLL_S)
+        try:
+            while True:
+                result = await self._exec_once(command, timeout_s, max_output_bytes, control)
+                if result.exit_code != 126 or _PAUSED_REFUSAL not in result.output:
+                    code = result.exit_code if control is None else control.exit_code(result)
+                    return dataclasses.replace(result, exit_code=code,
+                                               duration_s=time.perf_counter() - start)
+                # The gate froze the container while runc was starting the exec, and Docker
+                # refuses to exec into a paused container: the command never ran. It runs
+                # once the gate lets the sandbox go, as a process sandbox's would.
+                logger.debug("sandbox %s: exec refused while held; waiting for the thaw",
+                             self.spec.sandbox_id)
+                while self.cgroup.is_frozen():  # noqa: ASYNC110 - the kernel's freezer state
+                    await asyncio.sleep(_HELD_POLL_S)
+        finally:
+            if control is not None:
+                control.finish()
 
-    async def _exec_once(self, command: str, timeout_s: float,
-                         max_output_bytes: int) -> ExecResult:
+    async def _exec_once(self, command: str, timeout_s: float, max_output_bytes: int,
+                         control: _DockerControl | None) -> ExecResult:
         token = uuid.uuid4().hex
         api = self.client.api
         start = time.perf_counter()
+        io = None if control is None else control.io
         try:
-            exec_id, raw = await _in_pool(self._start, command, token)
+            exec_id, raw = await _in_pool(self._start, command, token, io)
         except docker.errors.APIError as exc:
             raise SandboxDied(f"exec in {self.spec.sandbox_id} failed: {exc}") from exc
         # The unix-socket transport hands back a SocketIO; shutdown() needs the real socket.
         sock: socket.socket = getattr(raw, "_sock", raw)
-        buf = bytearray()
-        drain = asyncio.ensure_future(_in_pool(_drain, raw, buf, max_output_bytes))
+        output = OutputBuffer(max_output_bytes)
+        emit = None if io is None else _emitter(io, asyncio.get_running_loop())
+        drain = asyncio.ensure_future(_in_pool(_drain, raw, output, emit))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         held_at_start = self.cgroup.held_s()
         timed_out = False
         poll_s = 0.02
         try:
+            if control is not None:
+                control.attach(exec_id, token, sock)
             while not drain.done():
                 # running time only: time held frozen by the gate extends the deadline
                 remaining = deadline + (self.cgroup.held_s() - held_at_start) - loop.time()
                 if remaining <= 0:
                     timed_out = True
+                    logger.info("sandbox %s: timeout", self.spec.sandbox_id)
                     await self._kill_exec(exec_id, token)
                     break
                 await asyncio.wait({drain}, timeout=min(remaining, poll_s))
@@ -433,32 +464,62 @@ class DockerSandbox:
         except BaseException:  # cancelled (Ctrl-C): a held exec would never end, nor let
             with contextlib.suppress(OSError):  # Docker answer about its container
                 self.cgroup.thaw()
+            if control is not None:  # an interactive command leaves nothing behind
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self._kill_exec(exec_id, token)),
+                                           _CANCEL_KILL_TIMEOUT_S)
             raise
         finally:
+            if control is not None:
+                control.detach()
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            truncated = await drain
+            await drain
             raw.close()
             sock.close()
         info = await _in_pool(api.exec_inspect, exec_id)
         code = -9 if timed_out else info.get("ExitCode")
         code = -1 if code is None else int(code)
-        output = bytes(buf).decode(errors="replace")
         elapsed_s = time.perf_counter() - start
-        return ExecResult(code, output, truncated, elapsed_s, timed_out=timed_out)
+        return ExecResult(code, output.text(), output.truncated, elapsed_s, timed_out=timed_out)
 
-    def _start(self, command: str, token: str) -> tuple[str, Any]:
+    def _start(self, command: str, token: str, io: ExecIO | None) -> tuple[str, Any]:
+        """Create and start the exec: without `io` stderr joins stdout (one interleaved
+        stream, `_MERGED_SH`); with it the streams stay apart, stdin is attached when asked,
+        and the command runs in `io.cwd` (a missing one fails as the shell's cd does)."""
         api = self.client.api
-        env = {"HOME": HOME_DIR, **self.spec.env, EXEC_ID_VAR: token}
-        argv = [*_MERGED_SH, command]
-        exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=WORKSPACE)
+        if io is None:
+            env = {"HOME": HOME_DIR, **self.spec.env, EXEC_ID_VAR: token}
+            argv = [*_MERGED_SH, command]
+        else:
+            env = {"HOME": HOME_DIR, **self.spec.env, **exec_env(io.env), EXEC_ID_VAR: token}
+            argv = cwd_env_argv(io.cwd or WORKSPACE, {}, command)
+        stdin = io is not None and io.stdin
+        exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=WORKSPACE,
+                                  stdin=stdin)
         exec_id = exec_id["Id"]
         return exec_id, api.exec_start(exec_id, socket=True)
+
+    async def _exec_pid(self, exec_id: str) -> int:
+        """The exec's host pid once it started; 0 when it ended (or never ran)."""
+        while True:
+            info = await _in_pool(self.client.api.exec_inspect, exec_id)
+            if pid := int(info.get("Pid") or 0):
+                return pid
+            if info.get("ExitCode") is not None:
+                return 0
+            await asyncio.sleep(_PID_POLL_S)
+
+    async def _signal_exec(self, exec_id: str, token: str, signum: int) -> None:
+        """Send `signum` to the exec's tree, parents first (`signal_action`)."""
+        root_pid = await self._exec_pid(exec_id)
+        if root_pid:
+            signal_action(root_pid, self._pids(), token, signum, exclude=set(self.init_pids))
 
     async def _kill_exec(self, exec_id: str, token: str) -> None:
         info = await _in_pool(self.client.api.exec_inspect, exec_id)
         root_pid = int(info.get("Pid") or 0)
-        logger.info("sandbox %s: timeout, killing tree of pid %d", self.spec.sandbox_id, root_pid)
+        logger.info("sandbox %s: killing tree of pid %d", self.spec.sandbox_id, root_pid)
         await kill_action(root_pid, self._pids, token, exclude=set(self.init_pids))
         # The exec's own process is reaped by Docker's shim, not by us: until it is, the
         # boundary's check would see it left in the sandbox and keep it resident.
@@ -565,16 +626,105 @@ def _created_id(container: Container) -> str:
     return container.id
 
 
-def _drain(raw: Any, buf: bytearray, max_bytes: int) -> bool:
-    """Copy exec output frames into `buf`, keeping at most `max_bytes` but reading on to the
-    end, so the writer never blocks on a full pipe. Returns truncated."""
-    truncated = False
+def _drain(raw: Any, sink: OutputBuffer,
+           emit: Callable[[int, bytes], None] | None) -> None:
+    """Copy exec output frames into `sink` (bounded) and to `emit` (stream, payload), reading
+    on to the end, so the writer never blocks on a full pipe. Runs in a pool thread."""
     with contextlib.suppress(OSError):
-        for _, payload in frames_iter(raw, tty=False):  # type: ignore[no-untyped-call]
-            room = max(max_bytes - len(buf), 0)
-            truncated |= len(payload) > room
-            buf += payload[:room]
-    return truncated
+        for stream, payload in frames_iter(raw, tty=False):  # type: ignore[no-untyped-call]
+            sink.add(payload)
+            if emit is not None:
+                emit(stream, payload)
+
+
+def _emitter(io: ExecIO, loop: asyncio.AbstractEventLoop) -> Callable[[int, bytes], None]:
+    """Hands a frame from the drain's thread to its callback in the event loop, in order;
+    a callback's exception is logged, the draining goes on."""
+
+    def deliver(callback: Callable[[bytes], None], payload: bytes) -> None:
+        try:
+            callback(payload)
+        except Exception:
+            logger.exception("an output callback failed; the output is still captured")
+
+    def emit(stream: int, payload: bytes) -> None:
+        callback = io.on_stderr if stream == STDERR else io.on_stdout
+        if callback is not None:
+            loop.call_soon_threadsafe(deliver, callback, payload)
+
+    return emit
+
+
+class _DockerControl:
+    """`ExecControl` of one command; follows its exec across a refused start (see exec),
+    calls `on_start` with itself once, and is inert once the command's exec returned.
+
+    Stdin goes through the exec's attach socket (closing it is the command's EOF). Bytes
+    written to an exec Docker refused to start (the gate held the container) are lost."""
+
+    def __init__(self, sandbox: DockerSandbox, io: ExecIO) -> None:
+        self.io = io
+        self._sandbox = sandbox
+        self._exec: tuple[str, str] | None = None  # (exec id, exec token)
+        self._sock: socket.socket | None = None
+        self._stdin_open = io.stdin
+        self._started = False
+        self._done = False
+        self._signals: set[int] = set()
+        self._lock = asyncio.Lock()
+
+    def exit_code(self, result: ExecResult) -> int:
+        """The result's exit code, negative (as a process sandbox reports it) when a signal
+        sent through this control killed the shell: Docker reports 128 + signum."""
+        signum = result.exit_code - 128
+        return -signum if signum in self._signals else result.exit_code
+
+    def attach(self, exec_id: str, token: str, sock: socket.socket) -> None:
+        self._exec, self._sock = (exec_id, token), sock
+        if not self._started:
+            self._started = True
+            if self.io.on_start is not None:
+                self.io.on_start(self)
+
+    def detach(self) -> None:
+        self._sock = None
+
+    def finish(self) -> None:
+        self._done = True
+        self._stdin_open = False
+
+    async def write_stdin(self, data: bytes) -> None:
+        async with self._lock:  # concurrent writes never interleave their bytes
+            if not self._stdin_open or self._sock is None:
+                raise SandboxError("the command's stdin is not open")
+            try:
+                await _in_pool(self._sock.sendall, data)
+            except OSError as exc:
+                raise SandboxError(f"the command no longer reads its stdin: {exc}") from exc
+
+    async def close_stdin(self) -> None:
+        async with self._lock:
+            if self._stdin_open and self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_WR)
+            self._stdin_open = False
+
+    async def signal(self, signum: int) -> None:
+        """Signal the command's tree; SIGKILL then waits until it is gone, after the gate
+        lets the container go if it holds it (a frozen process only dies once thawed)."""
+        if self._done or self._exec is None:
+            return
+        exec_id, token = self._exec
+        sandbox = self._sandbox
+        self._signals.add(signum)
+        await sandbox._signal_exec(exec_id, token, signum)
+        if signum != signal.SIGKILL:
+            return
+        with contextlib.suppress(OSError):  # the cgroup is gone with the container
+            while not self._done and sandbox.cgroup.is_frozen():  # noqa: ASYNC110 - the freezer
+                await asyncio.sleep(_HELD_POLL_S)
+        if not self._done:
+            await sandbox._kill_exec(exec_id, token)
 
 
 def remove_parent_cgroups(domain_name: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
