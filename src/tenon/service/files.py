@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from connectrpc.code import Code
+
 from tenon.errors import TenonError
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS
 
@@ -54,7 +56,13 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class FilesError(TenonError, OSError):
-    """A file operation refused or failed; the message is one line naming the path."""
+    """A file operation refused or failed; the message is one line naming the path.
+    `http_status` and `connect_code` are what envd answers, which the SDK maps to its
+    matching exception (404/NOT_FOUND: FileNotFoundException, 400/INVALID_ARGUMENT:
+    InvalidArgumentException, 507: NotEnoughSpaceException)."""
+
+    http_status = 500
+    connect_code = Code.INTERNAL
 
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)
@@ -65,35 +73,43 @@ class FilesError(TenonError, OSError):
 
 
 class NotFound(FilesError, FileNotFoundError):
-    pass
+    http_status = 404
+    connect_code = Code.NOT_FOUND
 
 
 class AlreadyExists(FilesError, FileExistsError):
-    pass
+    http_status = 409
+    connect_code = Code.ALREADY_EXISTS
 
 
 class NotADirectory(FilesError, NotADirectoryError):
-    pass
+    http_status = 400
+    connect_code = Code.INVALID_ARGUMENT
 
 
 class IsADirectory(FilesError, IsADirectoryError):
-    pass
+    http_status = 400
+    connect_code = Code.INVALID_ARGUMENT
 
 
 class ReadOnly(FilesError, PermissionError):
-    pass
+    http_status = 403
+    connect_code = Code.PERMISSION_DENIED
 
 
 class TooLarge(FilesError):
-    pass
+    http_status = 413
+    connect_code = Code.INVALID_ARGUMENT
 
 
 class InvalidPath(FilesError):
-    pass
+    http_status = 400
+    connect_code = Code.INVALID_ARGUMENT
 
 
 class NoSpace(FilesError):
-    pass
+    http_status = 507
+    connect_code = Code.RESOURCE_EXHAUSTED
 
 
 class EntryType(enum.Enum):
@@ -219,6 +235,18 @@ def _fs_error(err: OSError, path: str) -> FilesError:
     return FilesError(f"error on '{path}': {os.strerror(code or 0)}", path)
 
 
+def normalize(path: str) -> str:
+    """The absolute sandbox path `path` names (relative to /home/user, `~` expanded, `..`
+    collapsed); InvalidPath for an empty path or one with a NUL byte."""
+    if not path or "\0" in path:
+        raise InvalidPath(f"invalid path '{path}'", path)
+    if path == "~" or path.startswith("~/"):
+        path = HOME_DIR + path[1:]
+    elif not path.startswith("/"):
+        path = posixpath.join(HOME_DIR, path)
+    return "/" + posixpath.normpath(path).lstrip("/")  # normpath keeps a leading "//"
+
+
 class SandboxFiles:
     """The files of one sandbox, seen from the host (see the module docstring)."""
 
@@ -231,14 +259,7 @@ class SandboxFiles:
 
     def locate(self, path: str) -> _Location:
         """Where `path` lives; InvalidPath for an empty path or one with a NUL byte."""
-        if not path or "\0" in path:
-            raise InvalidPath(f"invalid path '{path}'", path)
-        if path == "~" or path.startswith("~/"):
-            path = HOME_DIR + path[1:]
-        elif not path.startswith("/"):
-            path = posixpath.join(HOME_DIR, path)
-        norm = posixpath.normpath(path)
-        norm = "/" + norm.lstrip("/")  # normpath keeps a leading "//"
+        norm = normalize(path)
         for sub, mount in PERSISTENT_MOUNTS.items():
             if norm == mount or norm.startswith(mount + "/"):
                 return _Location(norm, mount, self._root / sub,

@@ -1,0 +1,406 @@
+"""envd's plain-HTTP file transfer, `GET /files` and `POST /files`, over `SandboxFiles`.
+
+GET streams the file at `?path=` (a symlink followed inside its top) with the content type
+Go's `http.ServeContent` picks (by extension, else sniffed: UTF-8 text or octet-stream),
+gzip-compressed when the client accepts gzip. The sandbox stays held (`reading`) until the
+last byte is sent. POST takes the SDK's two forms: `multipart/form-data` with one or more
+parts named `file` (each written to `?path=` when given, else to its filename, which the SDK
+sets to the sandbox path), or `application/octet-stream` (`?path=` required), optionally
+`Content-Encoding: gzip`. It answers the JSON list `[{"name", "type": "file", "path"}]` the
+SDK reads. Parts are written in order: a failing part leaves the earlier ones written, as
+in envd. Each part is received into a host spool first (at most `max_write_bytes`; above
+that the request fails with 413 before the file is touched), and only then written under
+`writing`, so a slow upload does not hold off the sandbox's teardown.
+
+Errors answer envd's JSON body `{"code": status, "message": ...}` with the status the SDK
+maps to its exception (404: FileNotFoundException, 400: InvalidArgumentException, 507:
+NotEnoughSpaceException). `username` is accepted and not used; `X-Metadata-*` headers are
+ignored (no extended attributes are stored); Range requests get the whole file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mimetypes
+import os
+import posixpath
+import re
+import tempfile
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from email.utils import formatdate
+from typing import IO, Any
+from urllib.parse import unquote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tenon.service.envd_filesystem import SANDBOX_ID_HEADER, filesystem_app
+from tenon.service.errors import ServiceError
+from tenon.service.files import CHUNK_BYTES, FilesError, FilesResolver, TooLarge, normalize
+
+__all__ = ["files_routes", "filesystem_app"]
+
+_SPOOL_MEMORY_BYTES = 1 << 20
+_MAX_PART_HEADER_BYTES = 16 * 1024
+_SNIFF_BYTES = 512
+
+
+class BadUpload(ValueError):
+    """The request body is not what the SDK sends."""
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def _failure(exc: ServiceError | FilesError) -> JSONResponse:
+    return _error(exc.http_status, str(exc))
+
+
+def files_routes(resolver: FilesResolver, *, max_write_bytes: int) -> list[Route]:
+    """The `/files` route (GET download, POST upload) for the resolver's sandboxes."""
+    handler = _FilesHandler(resolver, max_write_bytes)
+    return [Route("/files", handler.dispatch, methods=["GET", "POST"])]
+
+
+class _HeldStreamingResponse(StreamingResponse):
+    """A streaming response that closes `stack` (the file, then the sandbox hold) once
+    sent, or once the client went away, whether or not the body was ever iterated."""
+
+    def __init__(self, stack: AsyncExitStack, content: AsyncIterator[bytes],
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._stack = stack
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._stack.aclose()
+
+
+class _FilesHandler:
+    def __init__(self, resolver: FilesResolver, max_write_bytes: int) -> None:
+        self._resolver = resolver
+        self._max_write_bytes = max_write_bytes
+
+    async def dispatch(self, request: Request) -> Response:
+        sid = request.headers.get(SANDBOX_ID_HEADER)
+        if not sid:
+            return _error(400, f"missing {SANDBOX_ID_HEADER} header")
+        try:
+            if request.method == "GET":
+                return await self._download(request, sid)
+            return await self._upload(request, sid)
+        except (ServiceError, FilesError) as exc:
+            return _failure(exc)
+        except BadUpload as exc:
+            return _error(400, str(exc))
+
+    # -- GET -----------------------------------------------------------------------------
+
+    async def _download(self, request: Request, sid: str) -> Response:
+        path = request.query_params.get("path")
+        if not path:
+            return _error(400, "missing path query parameter")
+        stack = AsyncExitStack()
+        try:
+            files = await stack.enter_async_context(self._resolver.reading(sid))
+            opened = files.open_read(path)
+            f = await asyncio.to_thread(opened.__enter__)
+            stack.push(opened.__exit__)
+            head = await asyncio.to_thread(f.read, _SNIFF_BYTES)
+            st = os.fstat(f.fileno())
+        except BaseException:
+            await stack.aclose()
+            raise
+        headers = {"Last-Modified": formatdate(st.st_mtime, usegmt=True),
+                   "Vary": "Accept-Encoding"}
+        media_type = _content_type(path, head)
+        body = _read_chunks(f, head)
+        if _accepts_gzip(request.headers.get("accept-encoding", "")):
+            headers["Content-Encoding"] = "gzip"
+            body = _gzip_chunks(body)
+        else:
+            headers["Content-Length"] = str(st.st_size)
+        return _HeldStreamingResponse(stack, body, media_type=media_type, headers=headers)
+
+    # -- POST ----------------------------------------------------------------------------
+
+    async def _upload(self, request: Request, sid: str) -> Response:
+        async with self._resolver.reading(sid):
+            pass  # an unknown sandbox fails before its body is received
+        content_type = request.headers.get("content-type", "")
+        media_type = content_type.split(";", 1)[0].strip().lower()
+        path = request.query_params.get("path") or None
+        body = _decoded(request.stream(), request.headers.get("content-encoding", ""))
+        written: list[dict[str, str]] = []
+        if media_type == "application/octet-stream":
+            if path is None:
+                raise BadUpload("path query parameter is required for raw body upload")
+            length = request.headers.get("content-length", "")
+            if (length.isdigit() and int(length) > self._max_write_bytes
+                    and "content-encoding" not in request.headers):
+                raise TooLarge(f"writing {length} bytes to '{path}' is over the limit of "
+                               f"{self._max_write_bytes} bytes", path)
+            with await self._spool(body, path) as spool:
+                written.append(await self._write(sid, path, spool))
+        elif media_type.startswith("multipart/"):
+            boundary = _boundary(content_type)
+            async for name, filename, data in _parts(body, boundary):
+                if name != "file":
+                    async for _ in data:
+                        pass
+                    continue
+                target = path or filename
+                if not target:
+                    raise BadUpload("a file part has no filename and no path was given")
+                if any(done["path"] == normalize(target) for done in written):
+                    raise BadUpload(f"you cannot upload multiple files to the same path "
+                                    f"'{normalize(target)}' in one upload request")
+                with await self._spool(data, target) as spool:
+                    written.append(await self._write(sid, target, spool))
+        else:
+            raise BadUpload(f"unsupported content type: {content_type}, expected "
+                            "multipart/form-data or application/octet-stream")
+        return JSONResponse(written)
+
+    async def _spool(self, chunks: AsyncIterator[bytes], path: str,
+                     ) -> tempfile.SpooledTemporaryFile[bytes]:
+        # Returned open: the caller closes it.
+        spool: tempfile.SpooledTemporaryFile[bytes] = tempfile.SpooledTemporaryFile(  # noqa: SIM115
+            max_size=_SPOOL_MEMORY_BYTES)
+        size = 0
+        try:
+            pending: list[bytes] = []
+            pending_bytes = 0
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > self._max_write_bytes:
+                    raise TooLarge(f"writing more than {self._max_write_bytes} bytes to "
+                                   f"'{path}' is over the limit", path)
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes >= CHUNK_BYTES * 4:
+                    await asyncio.to_thread(spool.write, b"".join(pending))
+                    pending, pending_bytes = [], 0
+            await asyncio.to_thread(spool.write, b"".join(pending))
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            raise
+        return spool
+
+    async def _write(self, sid: str, path: str, data: IO[bytes]) -> dict[str, str]:
+        async with self._resolver.writing(sid) as files:
+            entry = await asyncio.to_thread(files.write, path, data)
+        return {"name": entry.name, "type": "file", "path": entry.path}
+
+
+# -- download helpers --------------------------------------------------------------------
+
+
+def _content_type(path: str, head: bytes) -> str:
+    """By extension, else sniffed like Go's DetectContentType for text vs. binary."""
+    guessed, _ = mimetypes.guess_type(posixpath.basename(path))
+    if guessed:
+        return guessed
+    if b"\0" in head:
+        return "application/octet-stream"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not merely a character cut at the sniff boundary
+            return "application/octet-stream"
+    return "text/plain; charset=utf-8"
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    for item in accept_encoding.lower().split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip() in ("gzip", "x-gzip"):
+            q = params.strip().removeprefix("q=")
+            try:
+                return not params.strip() or float(q) > 0
+            except ValueError:
+                return False
+    return False
+
+
+async def _read_chunks(f: IO[bytes], head: bytes) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    while chunk := await asyncio.to_thread(f.read, CHUNK_BYTES):
+        yield chunk
+
+
+async def _gzip_chunks(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    gz = zlib.compressobj(wbits=31)
+    async for chunk in chunks:
+        if out := gz.compress(chunk):
+            yield out
+    yield gz.flush()
+
+
+# -- upload helpers ----------------------------------------------------------------------
+
+
+async def _decoded(stream: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
+    """The body with a gzip Content-Encoding undone, in bounded pieces (no bomb expands
+    in one step)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        async for chunk in stream:
+            if chunk:
+                yield chunk
+        return
+    if encoding != "gzip":
+        raise BadUpload(f"unsupported content encoding: {encoding}")
+    gz = zlib.decompressobj(wbits=31)
+    try:
+        async for chunk in stream:
+            data = chunk
+            while data:
+                if out := gz.decompress(data, CHUNK_BYTES):
+                    yield out
+                data = gz.unconsumed_tail
+        if out := gz.flush():
+            yield out
+    except zlib.error as exc:
+        raise BadUpload(f"error decompressing request body: {exc}") from exc
+    if not gz.eof:
+        raise BadUpload("error decompressing request body: truncated gzip stream")
+
+
+def _boundary(content_type: str) -> bytes:
+    match = re.search(r'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
+    if not match:
+        raise BadUpload("multipart body without a boundary")
+    return (match.group(1) or match.group(2)).encode("latin-1")
+
+
+_PARAM = re.compile(r';\s*([\w*-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
+
+
+def _disposition(value: str) -> tuple[str, str]:
+    """(name, filename) of a Content-Disposition header, quoted strings unescaped and RFC
+    2231 `filename*` decoded, as Go's mime.ParseMediaType does."""
+    params: dict[str, str] = {}
+    for key, raw in _PARAM.findall(value):
+        if raw.startswith('"'):
+            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+        params[key.lower()] = raw.strip()
+    filename = params.get("filename", "")
+    if "filename*" in params and "''" in params["filename*"]:
+        charset, _, encoded = params["filename*"].partition("''")
+        filename = unquote(encoded, encoding=charset or "utf-8")
+    return params.get("name", ""), filename
+
+
+class _MultipartParser:
+    """A push parser: `feed` bytes, get events ("part", (name, filename)), ("data", bytes),
+    ("end", None) for each part in order. Raises BadUpload on a malformed body."""
+
+    def __init__(self, boundary: bytes) -> None:
+        self._first = b"--" + boundary
+        self._delimiter = b"\r\n--" + boundary
+        self._buf = b""
+        self._state = "preamble"
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[str, Any]]:
+        self._buf += chunk
+        while True:
+            if self._state == "preamble":
+                at = self._buf.find(self._first)
+                if at < 0 or len(self._buf) < at + len(self._first) + 2:
+                    return
+                self._buf = self._buf[at + len(self._first):]
+                self._state = "after-delimiter"
+            elif self._state == "after-delimiter":
+                self._buf = self._buf.lstrip(b" \t")  # transport padding
+                if len(self._buf) < 2:
+                    return
+                if self._buf.startswith(b"--"):
+                    self._state, self._buf = "done", b""
+                    return
+                if not self._buf.startswith(b"\r\n"):
+                    raise BadUpload("malformed multipart body")
+                self._buf, self._state = self._buf[2:], "headers"
+            elif self._state == "headers":
+                end = self._buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self._buf) > _MAX_PART_HEADER_BYTES:
+                        raise BadUpload("multipart part headers too large")
+                    return
+                yield "part", self._part_headers(self._buf[:end])
+                self._buf, self._state = self._buf[end + 4:], "data"
+            elif self._state == "data":
+                at = self._buf.find(self._delimiter)
+                if at < 0:
+                    keep = len(self._delimiter) + 1
+                    if len(self._buf) > keep:
+                        yield "data", self._buf[:-keep]
+                        self._buf = self._buf[-keep:]
+                    return
+                after = at + len(self._delimiter)
+                if len(self._buf) < after + 2:
+                    if at:
+                        yield "data", self._buf[:at]
+                        self._buf = self._buf[at:]
+                    return
+                if (self._buf[after:after + 2] != b"--"
+                        and self._buf[after:after + 1] not in (b"\r", b" ", b"\t")):
+                    yield "data", self._buf[:after]  # the boundary only prefixes a data line
+                    self._buf = self._buf[after:]
+                    continue
+                if at:
+                    yield "data", self._buf[:at]
+                yield "end", None
+                self._buf = self._buf[after:]
+                self._state = "after-delimiter"
+            else:
+                self._buf = b""
+                return
+
+    def close(self) -> None:
+        if self._state != "done":
+            raise BadUpload("multipart body ended before its closing boundary")
+
+    @staticmethod
+    def _part_headers(raw: bytes) -> tuple[str, str]:
+        for line in raw.decode("utf-8", "replace").split("\r\n"):
+            key, _, value = line.partition(":")
+            if key.strip().lower() == "content-disposition":
+                return _disposition(value)
+        raise BadUpload("multipart part without Content-Disposition")
+
+
+async def _parts(body: AsyncIterator[bytes], boundary: bytes,
+                 ) -> AsyncIterator[tuple[str, str, AsyncIterator[bytes]]]:
+    """Each part as (name, filename, its data); a part's data must be consumed before the
+    next part is asked for."""
+    parser = _MultipartParser(boundary)
+
+    async def events() -> AsyncIterator[tuple[str, Any]]:
+        async for chunk in body:
+            for event in parser.feed(chunk):
+                yield event
+        parser.close()
+
+    stream = events()
+
+    async def data() -> AsyncIterator[bytes]:
+        async for kind, value in stream:
+            if kind == "end":
+                return
+            yield value
+        raise BadUpload("multipart body ended inside a part")
+
+    async for kind, value in stream:
+        if kind == "part":
+            name, filename = value
+            yield name, filename, data()
