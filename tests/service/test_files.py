@@ -246,6 +246,17 @@ def test_stat_describes_files_dirs_and_symlinks_like_envd(tmp_path: Path) -> Non
     assert dangling.is_symlink
 
 
+def test_stat_under_a_file_is_not_found_and_odd_names_are_printable(tmp_path: Path) -> None:
+    files = make_files(tmp_path)
+    files.write("/workspace/f", b"")
+    assert not files.exists("/workspace/f/under")
+    with pytest.raises(NotFound):
+        files.stat("/workspace/f/under")
+    os.mkdir(os.path.join(bytes(host(tmp_path, "workspace")), b"bad\xffname"))
+    names = [e.name for e in files.list_dir("/workspace")]
+    assert names == ["bad\ufffdname", "f"]
+
+
 def test_go_mode_strings() -> None:
     assert go_mode_string(stat.S_IFDIR | 0o755) == "drwxr-xr-x"
     assert go_mode_string(stat.S_IFDIR | stat.S_ISVTX | 0o777) == "dtrwxrwxrwx"

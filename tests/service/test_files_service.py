@@ -36,7 +36,8 @@ from starlette.types import Receive, Scope, Send
 from tenon.service.envd_filesystem import filesystem_app
 from tenon.service.errors import SandboxNotFound
 from tenon.service.files import SandboxFiles
-from tenon.service.files_http import BadUpload, _disposition, _MultipartParser, files_routes
+from tenon.service.files_http import files_routes
+from tenon.service.multipart import MultipartError, MultipartParser, content_disposition
 
 SID = "sbx-one"
 MAX_WRITE_BYTES = 64 * 1024
@@ -324,7 +325,7 @@ def test_multipart_parser_at_every_split_point() -> None:
             b"\r\n--XyZ--\r\nepilogue")
     expected = [("file", "/a/b", b"one\r\n--XyZ-not-a-boundary\r\n"), ("f2", "", b"")]
     for split in range(len(body) + 1):
-        parser = _MultipartParser(b"XyZ")
+        parser = MultipartParser(b"XyZ")
         parts: list[tuple[str, str, bytes]] = []
         for chunk in (body[:split], body[split:]):
             for kind, value in parser.feed(chunk):
@@ -338,14 +339,14 @@ def test_multipart_parser_at_every_split_point() -> None:
 
 
 def test_multipart_parser_rejects_truncated_bodies() -> None:
-    parser = _MultipartParser(b"b")
+    parser = MultipartParser(b"b")
     list(parser.feed(b"--b\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nda"))
-    with pytest.raises(BadUpload):
+    with pytest.raises(MultipartError):
         parser.close()
 
 
 def test_content_disposition_parameters() -> None:
-    assert _disposition(' form-data; name="file"; filename="/w/a \\"q\\".txt"') == (
+    assert content_disposition(' form-data; name="file"; filename="/w/a \\"q\\".txt"') == (
         "file", '/w/a "q".txt')
-    assert _disposition(" form-data; name=file; filename*=UTF-8''%C3%A9t%C3%A9") == (
+    assert content_disposition(" form-data; name=file; filename*=UTF-8''%C3%A9t%C3%A9") == (
         "file", "été")

@@ -25,7 +25,6 @@ Every method blocks on file I/O: async callers run it in a thread.
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import errno
 import os
@@ -42,17 +41,13 @@ from connectrpc.code import Code
 
 from tenon.errors import TenonError
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS
+from tenon.service.inroot import closing_fd as _closing
+from tenon.service.inroot import openat2
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 CHUNK_BYTES = 64 * 1024
 
-_SYS_OPENAT2 = 437  # the same number on every architecture (added after the table merge)
-_RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_IN_ROOT = 0x10
-_RESOLVE = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS
-_MAX_EAGAIN_RETRIES = 16
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class FilesError(TenonError, OSError):
@@ -148,35 +143,6 @@ class FilesResolver(Protocol):
     def reading(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxFiles]: ...
 
     def writing(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxFiles]: ...
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
-def openat2(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
-    """openat2(2) of `rel` with `dir_fd` as the root of every resolution; OSError on failure.
-    EAGAIN (a concurrent rename seen during resolution) is retried."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
-    path = (rel or ".").encode()
-    for _ in range(_MAX_EAGAIN_RETRIES):
-        fd = int(_LIBC.syscall(_SYS_OPENAT2, dir_fd, path, ctypes.byref(how),
-                               ctypes.sizeof(how)))
-        if fd >= 0:
-            return fd
-        err = ctypes.get_errno()
-        if err != errno.EAGAIN:
-            raise OSError(err, os.strerror(err), rel)
-    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), rel)
-
-
-@contextmanager
-def _closing(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def go_mode_string(st_mode: int) -> str:
@@ -295,20 +261,24 @@ class SandboxFiles:
     # -- reading -------------------------------------------------------------------------
 
     def stat(self, path: str) -> Entry:
-        """The entry at `path` itself (a final symlink is described, not followed)."""
+        """The entry at `path` itself (a final symlink is described, not followed); a path
+        under a non-directory is NotFound, as for `os.path.exists`."""
         loc = self.locate(path)
-        with self._top(loc) as top, self._open(top, loc, loc.parent_rel,
-                                               os.O_PATH | os.O_DIRECTORY) as parent:
-            try:
-                st = os.stat(loc.name or ".", dir_fd=parent, follow_symlinks=False)
-            except OSError as err:
-                raise _fs_error(err, loc.path) from err
-            return self._entry(top, loc, loc.rel, loc.path, st)
+        try:
+            with self._top(loc) as top, self._open(top, loc, loc.parent_rel,
+                                                   os.O_PATH | os.O_DIRECTORY) as parent:
+                try:
+                    st = os.stat(loc.name or ".", dir_fd=parent, follow_symlinks=False)
+                except OSError as err:
+                    raise _fs_error(err, loc.path) from err
+                return self._entry(top, loc, loc.rel, loc.path, st)
+        except NotADirectory as exc:
+            raise NotFound(f"path '{loc.path}' does not exist", loc.path) from exc
 
     def exists(self, path: str) -> bool:
         try:
             self.stat(path)
-        except (NotFound, NotADirectory):
+        except NotFound:
             return False
         return True
 
@@ -544,11 +514,18 @@ class SandboxFiles:
             except OSError:
                 kind, mode, target = EntryType.OTHER, 0, shown
         top_uid = os.fstat(top).st_uid
+        shown = _printable(shown)
         return Entry(name=posixpath.basename(shown) or "/", path=shown, type=kind,
                      size=st.st_size, mode=mode, permissions=go_mode_string(st.st_mode),
                      owner=_user_name(st.st_uid, top_uid, loc.writable),
                      group=_user_name(st.st_gid, top_uid, loc.writable),
-                     modified_ns=st.st_mtime_ns, symlink_target=target)
+                     modified_ns=st.st_mtime_ns,
+                     symlink_target=None if target is None else _printable(target))
+
+
+def _printable(path: str) -> str:
+    """`path` as valid UTF-8 (a name that is not shows U+FFFD where it is not)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _check_regular(fd: int, path: str) -> None:

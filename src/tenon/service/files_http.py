@@ -24,14 +24,12 @@ import asyncio
 import mimetypes
 import os
 import posixpath
-import re
 import tempfile
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from email.utils import formatdate
 from typing import IO, Any
-from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -41,16 +39,16 @@ from starlette.types import Receive, Scope, Send
 from tenon.service.envd_filesystem import SANDBOX_ID_HEADER, filesystem_app
 from tenon.service.errors import ServiceError
 from tenon.service.files import CHUNK_BYTES, FilesError, FilesResolver, TooLarge, normalize
+from tenon.service.multipart import MultipartError, boundary_of, iter_parts
 
 __all__ = ["files_routes", "filesystem_app"]
 
 _SPOOL_MEMORY_BYTES = 1 << 20
-_MAX_PART_HEADER_BYTES = 16 * 1024
 _SNIFF_BYTES = 512
 
 
 class BadUpload(ValueError):
-    """The request body is not what the SDK sends."""
+    """The request is not what the SDK sends."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -98,7 +96,7 @@ class _FilesHandler:
             return await self._upload(request, sid)
         except (ServiceError, FilesError) as exc:
             return _failure(exc)
-        except BadUpload as exc:
+        except (BadUpload, MultipartError) as exc:
             return _error(400, str(exc))
 
     # -- GET -----------------------------------------------------------------------------
@@ -150,8 +148,8 @@ class _FilesHandler:
             with await self._spool(body, path) as spool:
                 written.append(await self._write(sid, path, spool))
         elif media_type.startswith("multipart/"):
-            boundary = _boundary(content_type)
-            async for name, filename, data in _parts(body, boundary):
+            boundary = boundary_of(content_type)
+            async for name, filename, data in iter_parts(body, boundary):
                 if name != "file":
                     async for _ in data:
                         pass
@@ -274,133 +272,3 @@ async def _decoded(stream: AsyncIterator[bytes], encoding: str) -> AsyncIterator
         raise BadUpload(f"error decompressing request body: {exc}") from exc
     if not gz.eof:
         raise BadUpload("error decompressing request body: truncated gzip stream")
-
-
-def _boundary(content_type: str) -> bytes:
-    match = re.search(r'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
-    if not match:
-        raise BadUpload("multipart body without a boundary")
-    return (match.group(1) or match.group(2)).encode("latin-1")
-
-
-_PARAM = re.compile(r';\s*([\w*-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
-
-
-def _disposition(value: str) -> tuple[str, str]:
-    """(name, filename) of a Content-Disposition header, quoted strings unescaped and RFC
-    2231 `filename*` decoded, as Go's mime.ParseMediaType does."""
-    params: dict[str, str] = {}
-    for key, raw in _PARAM.findall(value):
-        if raw.startswith('"'):
-            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
-        params[key.lower()] = raw.strip()
-    filename = params.get("filename", "")
-    if "filename*" in params and "''" in params["filename*"]:
-        charset, _, encoded = params["filename*"].partition("''")
-        filename = unquote(encoded, encoding=charset or "utf-8")
-    return params.get("name", ""), filename
-
-
-class _MultipartParser:
-    """A push parser: `feed` bytes, get events ("part", (name, filename)), ("data", bytes),
-    ("end", None) for each part in order. Raises BadUpload on a malformed body."""
-
-    def __init__(self, boundary: bytes) -> None:
-        self._first = b"--" + boundary
-        self._delimiter = b"\r\n--" + boundary
-        self._buf = b""
-        self._state = "preamble"
-
-    def feed(self, chunk: bytes) -> Iterator[tuple[str, Any]]:
-        self._buf += chunk
-        while True:
-            if self._state == "preamble":
-                at = self._buf.find(self._first)
-                if at < 0 or len(self._buf) < at + len(self._first) + 2:
-                    return
-                self._buf = self._buf[at + len(self._first):]
-                self._state = "after-delimiter"
-            elif self._state == "after-delimiter":
-                self._buf = self._buf.lstrip(b" \t")  # transport padding
-                if len(self._buf) < 2:
-                    return
-                if self._buf.startswith(b"--"):
-                    self._state, self._buf = "done", b""
-                    return
-                if not self._buf.startswith(b"\r\n"):
-                    raise BadUpload("malformed multipart body")
-                self._buf, self._state = self._buf[2:], "headers"
-            elif self._state == "headers":
-                end = self._buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(self._buf) > _MAX_PART_HEADER_BYTES:
-                        raise BadUpload("multipart part headers too large")
-                    return
-                yield "part", self._part_headers(self._buf[:end])
-                self._buf, self._state = self._buf[end + 4:], "data"
-            elif self._state == "data":
-                at = self._buf.find(self._delimiter)
-                if at < 0:
-                    keep = len(self._delimiter) + 1
-                    if len(self._buf) > keep:
-                        yield "data", self._buf[:-keep]
-                        self._buf = self._buf[-keep:]
-                    return
-                after = at + len(self._delimiter)
-                if len(self._buf) < after + 2:
-                    if at:
-                        yield "data", self._buf[:at]
-                        self._buf = self._buf[at:]
-                    return
-                if (self._buf[after:after + 2] != b"--"
-                        and self._buf[after:after + 1] not in (b"\r", b" ", b"\t")):
-                    yield "data", self._buf[:after]  # the boundary only prefixes a data line
-                    self._buf = self._buf[after:]
-                    continue
-                if at:
-                    yield "data", self._buf[:at]
-                yield "end", None
-                self._buf = self._buf[after:]
-                self._state = "after-delimiter"
-            else:
-                self._buf = b""
-                return
-
-    def close(self) -> None:
-        if self._state != "done":
-            raise BadUpload("multipart body ended before its closing boundary")
-
-    @staticmethod
-    def _part_headers(raw: bytes) -> tuple[str, str]:
-        for line in raw.decode("utf-8", "replace").split("\r\n"):
-            key, _, value = line.partition(":")
-            if key.strip().lower() == "content-disposition":
-                return _disposition(value)
-        raise BadUpload("multipart part without Content-Disposition")
-
-
-async def _parts(body: AsyncIterator[bytes], boundary: bytes,
-                 ) -> AsyncIterator[tuple[str, str, AsyncIterator[bytes]]]:
-    """Each part as (name, filename, its data); a part's data must be consumed before the
-    next part is asked for."""
-    parser = _MultipartParser(boundary)
-
-    async def events() -> AsyncIterator[tuple[str, Any]]:
-        async for chunk in body:
-            for event in parser.feed(chunk):
-                yield event
-        parser.close()
-
-    stream = events()
-
-    async def data() -> AsyncIterator[bytes]:
-        async for kind, value in stream:
-            if kind == "end":
-                return
-            yield value
-        raise BadUpload("multipart body ended inside a part")
-
-    async for kind, value in stream:
-        if kind == "part":
-            name, filename = value
-            yield name, filename, data()
