@@ -136,6 +136,10 @@ def bench_replay_cmd(
     out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
     json_path: JsonOut = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    via: Annotated[str, typer.Option(help="inproc (Agent.run), e2b (each workflow an E2B "
+                   "sandbox driven with the official SDK through the E2B-compatible server "
+                   "on loopback; adds the API's overhead per command to the summary) or "
+                   "both (each policy in-process, then as <policy>@e2b)")] = "inproc",
 ) -> None:
     """Replay a trace under a budget with every policy, side by side."""
     if ctx.invoked_subcommand is not None:
@@ -144,8 +148,10 @@ def bench_replay_cmd(
         console.print(ctx.get_help())
         raise typer.Exit(2)
     from tenon.cli.bench import parse_seconds, parse_settings, run_cli_bench
+    from tenon.replay.via_e2b import check_via
 
     try:
+        check_via(via, backend)
         out_dir = out or Path("bench/runs") / time.strftime("%Y%m%d-%H%M%S")
         base = {
             "trace": trace, "budget_bytes": parse_size(budget, what="--budget"),
@@ -154,7 +160,7 @@ def bench_replay_cmd(
             "window_s": parse_seconds(window, what="--window"), "num_workflows": workflows,
             "max_retries": retries, "policy_config": parse_settings(setting or []),
             "predictor": predictor,
-            "state_dir": state_dir, "out_dir": out_dir,
+            "state_dir": state_dir, "out_dir": out_dir, "via": via,
         }
         run_cli_bench(console=console, base=base, sweep=sweep, qps=qps, json_path=json_path)
     except KeyboardInterrupt:

@@ -40,6 +40,7 @@ from tenon.replay.schedule import (
     oversubscription,
 )
 from tenon.replay.trace import Trace, load_trace
+from tenon.replay.via_e2b import check_via
 from tenon.runtime.boundary import BoundaryTally
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
@@ -78,6 +79,11 @@ class BenchConfig(BaseModel):
                                           description="PolicyConfig overrides.")
     state_dir: Path = Path("/var/lib/tenon")
     out_dir: Path = Field(description="Run directory for events, summary, table and plots.")
+    via: Literal["inproc", "e2b", "both"] = Field(
+        default="inproc", description="How workflows drive the runtime. inproc: `Agent.run`; "
+        "e2b: each workflow an E2B sandbox driven with the official SDK through the "
+        "E2B-compatible server on loopback (summaries add the API's overhead per command); "
+        "both: every policy in-process, then as `<policy>@e2b` through the API.")
 
 
 def check_budget(trace: Trace, budget_bytes: int) -> None:
@@ -124,9 +130,14 @@ async def run_policy(
     submissions: list[Submission],
     predictor: Predictor,
     on_done: Callable[[WorkflowRecord], None] | None = None,
+    *,
+    via_e2b: bool = False,
+    run_name: str | None = None,
 ) -> dict[str, Any]:
-    """Replay the schedule under one policy in a fresh domain; the summary figures."""
-    run_dir = config.out_dir / policy
+    """Replay the schedule under one policy in a fresh domain; the summary figures. With
+    `via_e2b`, through the E2B API (`replay.via_e2b`); events go to `out_dir/<run_name>`
+    (the policy's name by default)."""
+    run_dir = config.out_dir / (run_name or policy)
     (run_dir / "events.jsonl").unlink(missing_ok=True)  # a rerun into the same directory
     policy_config = PolicyConfig.model_validate(config.policy_config)
     kwargs: dict[str, Any] = {"policy": policy, "config": policy_config,
@@ -138,12 +149,35 @@ async def run_policy(
     # The load program keeps the memory an action leaves behind in SCRATCH_DIR: declared
     # disposable, so it is charged to the sandbox and dropped at teardown, as recorded.
     kwargs["backend_config"] = {"disposable": [SCRATCH_DIR]}
+    api: dict[str, Any] = {}
     async with open_runtime(budget_bytes=config.budget_bytes, backend=config.backend,
                             state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt:
-        records = await replay(rt, submissions, speed=config.speed,
-                               max_retries=config.max_retries, on_done=on_done)
+        if via_e2b:
+            from tenon.replay.via_e2b import replay_via_e2b
+
+            records, api = await replay_via_e2b(rt, submissions, speed=config.speed,
+                                                image_dir=config.state_dir,
+                                                max_retries=config.max_retries,
+                                                on_done=on_done)
+        else:
+            records = await replay(rt, submissions, speed=config.speed,
+                                   max_retries=config.max_retries, on_done=on_done)
         peak = rt.domain.reading().peak_bytes
-    return summarize(records, peak, rt.boundary.tally)
+    return {**summarize(records, peak, rt.boundary.tally), **api}
+
+
+def runs_of(config: BenchConfig) -> list[tuple[str, str, bool]]:
+    """(run name, policy, through the E2B API) for each replay, in order: with `via`
+    both, each policy in-process and then as `<policy>@e2b`."""
+    runs = []
+    for name in config.policies:
+        if config.via in ("inproc", "both"):
+            runs.append((name, name, False))
+        if config.via == "e2b":
+            runs.append((name, name, True))
+        elif config.via == "both":
+            runs.append((f"{name}@e2b", name, True))
+    return runs
 
 
 async def _run_sim(config: BenchConfig, run_dir: Path, submissions: list[Submission],
@@ -183,6 +217,7 @@ async def run_bench(
     """Run every policy; the summary (also in `out_dir/summary.json` after each policy)."""
     for name in config.policies:
         parse_policy(name)  # unknown names fail before anything runs
+    check_via(config.via, config.backend)
     PolicyConfig.model_validate(config.policy_config)
     trace = load_trace(config.trace)
     check_budget(trace, config.budget_bytes)
@@ -214,15 +249,16 @@ async def run_bench(
         "meta": {"trace": str(config.trace), "backend": config.backend, "speed": config.speed,
                  "qps": config.qps, "window_s": config.window_s,
                  "max_retries": config.max_retries, "policy_config": config.policy_config,
-                 "predictor": config.predictor, "complete": False},
+                 "predictor": config.predictor, "via": config.via, "complete": False},
     }
     write_summary(config.out_dir, summary)
-    for name in config.policies:
+    for name, policy, via_e2b in runs_of(config):
         if on_policy_start is not None:
             on_policy_start(name, len(submissions))
         done = None if on_done is None else (lambda r, name=name: on_done(name, r))
         try:
-            result = await run_policy(config, name, submissions, new_predictor(), done)
+            result = await run_policy(config, policy, submissions, new_predictor(), done,
+                                      via_e2b=via_e2b, run_name=name)
         except asyncio.CancelledError:
             summary["meta"]["interrupted_during"] = name
             write_summary(config.out_dir, summary)
