@@ -12,6 +12,7 @@ import pytest
 from tenon.service import files as files_mod
 from tenon.service.files import (
     AlreadyExists,
+    BadMetadata,
     EntryType,
     InvalidPath,
     IsADirectory,
@@ -376,3 +377,18 @@ def test_new_entries_take_the_owner_of_their_top(tmp_path: Path) -> None:
     files.write("/home/user/r", b"x")
     assert os.stat(host(tmp_path, "home", "r")).st_uid == 0
     assert files.stat("/home/user/r").owner == "root"
+
+
+def test_metadata_is_stored_as_user_e2b_xattrs_and_replaced_as_a_set(tmp_path: Path) -> None:
+    files = make_files(tmp_path)
+    entry = files.write("/workspace/m", b"x", {"Owner": "ann", "stage": "draft"})
+    assert entry.metadata == {"owner": "ann", "stage": "draft"}
+    where = host(tmp_path, "workspace", "m")
+    assert os.getxattr(where, "user.e2b.owner") == b"ann"
+    files.write("/workspace/m", b"y", {"stage": "final"})
+    assert files.stat("/workspace/m").metadata == {"stage": "final"}
+    files.write("/workspace/m", b"z")  # no metadata: the set stays
+    assert [e.metadata for e in files.list_dir("/workspace")] == [{"stage": "final"}]
+    with pytest.raises(BadMetadata):
+        files.write("/workspace/n", b"x", {"bad key": "v"})
+    assert not host(tmp_path, "workspace", "n").exists()

@@ -161,6 +161,17 @@ def test_sdk_write_files_multipart_and_octet_stream(served: Served) -> None:
     assert ("write", SID) in served.resolver.held
 
 
+def test_sdk_metadata_round_trip(served: Served) -> None:
+    fs = served.sdk()
+    info = fs.write("/workspace/tagged", "x", metadata={"Kind": "report"})
+    assert info.metadata == {"kind": "report"}
+    assert fs.get_info("/workspace/tagged").metadata == {"kind": "report"}
+    infos = fs.write_files([{"path": "/workspace/s1", "data": iter([b"a"])}],
+                           metadata={"k": "v"})
+    assert infos[0].metadata == {"k": "v"}
+    assert [e.metadata for e in fs.list("/workspace")] == [{"k": "v"}, {"kind": "report"}]
+
+
 def test_sdk_make_dir_rename_remove(served: Served) -> None:
     fs = served.sdk()
     assert fs.make_dir("/workspace/a/b") is True

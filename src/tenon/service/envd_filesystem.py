@@ -43,7 +43,7 @@ def entry_info(entry: Entry) -> pb.EntryInfo:
         mode=entry.mode, permissions=entry.permissions, owner=entry.owner, group=entry.group,
         modified_time=Timestamp(seconds=entry.modified_ns // 1_000_000_000,
                                 nanos=entry.modified_ns % 1_000_000_000),
-        is_symlink=entry.is_symlink)
+        is_symlink=entry.is_symlink, metadata=dict(entry.metadata))
     if entry.symlink_target is not None:
         info.symlink_target = entry.symlink_target
     return info

@@ -29,11 +29,12 @@ import enum
 import errno
 import os
 import posixpath
+import re
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -97,6 +98,11 @@ class TooLarge(FilesError):
     connect_code = Code.INVALID_ARGUMENT
 
 
+class BadMetadata(FilesError):
+    http_status = 400
+    connect_code = Code.INVALID_ARGUMENT
+
+
 class InvalidPath(FilesError):
     http_status = 400
     connect_code = Code.INVALID_ARGUMENT
@@ -129,6 +135,8 @@ class Entry:
     group: str
     modified_ns: int
     symlink_target: str | None = None
+    # `user.e2b.<key>` extended attributes of a file or directory, prefix stripped
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def is_symlink(self) -> bool:
@@ -271,7 +279,8 @@ class SandboxFiles:
                     st = os.stat(loc.name or ".", dir_fd=parent, follow_symlinks=False)
                 except OSError as err:
                     raise _fs_error(err, loc.path) from err
-                return self._entry(top, loc, loc.rel, loc.path, st)
+                where = f"/proc/self/fd/{parent}/{loc.name or '.'}"
+                return self._entry(top, loc, loc.rel, loc.path, st, where)
         except NotADirectory as exc:
             raise NotFound(f"path '{loc.path}' does not exist", loc.path) from exc
 
@@ -302,7 +311,8 @@ class SandboxFiles:
                 continue  # removed while listing
             child_rel = posixpath.join(real_rel, name)
             child_shown = posixpath.join(shown, name)
-            out.append(self._entry(top, loc, child_rel, child_shown, st))
+            out.append(self._entry(top, loc, child_rel, child_shown, st,
+                                   f"/proc/self/fd/{dir_fd}/{name}"))
             if depth > 1 and stat.S_ISDIR(st.st_mode):
                 try:
                     sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -337,12 +347,15 @@ class SandboxFiles:
 
     # -- writing -------------------------------------------------------------------------
 
-    def write(self, path: str, data: bytes | IO[bytes]) -> Entry:
+    def write(self, path: str, data: bytes | IO[bytes],
+              metadata: Mapping[str, str] | None = None) -> Entry:
         """Creates or truncates the file at `path` (and its missing parent directories) and
         writes `data` (bytes, or a seekable binary file read from its position to its end).
         A symlink at `path` is written through (inside the top); a fifo or device there is
-        refused without blocking."""
+        refused without blocking. Non-empty `metadata` replaces the file's `user.e2b.*`
+        extended attributes (keys lowercased), as envd stores upload metadata."""
         loc = self._writable(path)
+        _check_metadata(metadata or {}, loc.path)
         if isinstance(data, bytes):
             size = len(data)
         else:
@@ -368,6 +381,8 @@ class SandboxFiles:
                             os.write(fd, chunk)
                 except OSError as err:
                     raise _fs_error(err, loc.path) from err
+                if metadata:
+                    _store_metadata(fd, metadata, loc.path)
             return self.stat(loc.path)
 
     def _create_file(self, top: int, loc: _Location, owner: os.stat_result) -> int:
@@ -502,8 +517,9 @@ class SandboxFiles:
             raise FilesError(f"'{path}' resolved outside its root", path)
         return path[len(top_path.rstrip("/")) + 1:]
 
-    def _entry(self, top: int, loc: _Location, rel: str, shown: str,
-               st: os.stat_result) -> Entry:
+    def _entry(self, top: int, loc: _Location, rel: str, shown: str, st: os.stat_result,
+               where: str) -> Entry:
+        """The entry of `st`; `where` names it for the xattr calls (through a held fd)."""
         kind, mode, target = _entry_type(st.st_mode), st.st_mode & 0o777, None
         if stat.S_ISLNK(st.st_mode):
             try:
@@ -520,7 +536,44 @@ class SandboxFiles:
                      owner=_user_name(st.st_uid, top_uid, loc.writable),
                      group=_user_name(st.st_gid, top_uid, loc.writable),
                      modified_ns=st.st_mtime_ns,
-                     symlink_target=None if target is None else _printable(target))
+                     symlink_target=None if target is None else _printable(target),
+                     metadata={} if stat.S_ISLNK(st.st_mode) else _read_metadata(where))
+
+
+_METADATA_PREFIX = "user.e2b."
+_METADATA_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def _check_metadata(metadata: Mapping[str, str], path: str) -> None:
+    for key, value in metadata.items():
+        if not _METADATA_KEY.fullmatch(key) or not _METADATA_VALUE.fullmatch(value):
+            raise BadMetadata(f"invalid metadata {key!r} for '{path}': keys are HTTP tokens, "
+                              "values printable ASCII", path)
+
+
+def _store_metadata(fd: int, metadata: Mapping[str, str], path: str) -> None:
+    try:
+        for name in os.listxattr(fd):
+            if name.startswith(_METADATA_PREFIX):
+                os.removexattr(fd, name)
+        for key, value in metadata.items():
+            os.setxattr(fd, _METADATA_PREFIX + key.lower(), value.encode())
+    except OSError as err:
+        raise BadMetadata(f"cannot store metadata on '{path}': {os.strerror(err.errno or 0)}",
+                          path) from err
+
+
+def _read_metadata(where: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    try:
+        for name in os.listxattr(where, follow_symlinks=False):
+            if name.startswith(_METADATA_PREFIX):
+                value = os.getxattr(where, name, follow_symlinks=False)
+                found[name[len(_METADATA_PREFIX):]] = value.decode("utf-8", "replace")
+    except OSError:
+        return found  # no xattr support, or the entry went away meanwhile
+    return found
 
 
 def _printable(path: str) -> str:

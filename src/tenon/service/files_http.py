@@ -15,7 +15,7 @@ that the request fails with 413 before the file is touched), and only then writt
 Errors answer envd's JSON body `{"code": status, "message": ...}` with the status the SDK
 maps to its exception (404: FileNotFoundException, 400: InvalidArgumentException, 507:
 NotEnoughSpaceException). `username` is accepted and not used; `X-Metadata-*` headers are
-ignored (no extended attributes are stored); Range requests get the whole file.
+stored as the file's `user.e2b.*` extended attributes; Range requests get the whole file.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ __all__ = ["files_routes", "filesystem_app"]
 
 _SPOOL_MEMORY_BYTES = 1 << 20
 _SNIFF_BYTES = 512
+_METADATA_HEADER = "x-metadata-"
 
 
 class BadUpload(ValueError):
@@ -135,8 +136,11 @@ class _FilesHandler:
         content_type = request.headers.get("content-type", "")
         media_type = content_type.split(";", 1)[0].strip().lower()
         path = request.query_params.get("path") or None
+        metadata = {key[len(_METADATA_HEADER):].lower(): value
+                    for key, value in request.headers.items()
+                    if key.lower().startswith(_METADATA_HEADER)}
         body = _decoded(request.stream(), request.headers.get("content-encoding", ""))
-        written: list[dict[str, str]] = []
+        written: list[dict[str, Any]] = []
         if media_type == "application/octet-stream":
             if path is None:
                 raise BadUpload("path query parameter is required for raw body upload")
@@ -146,7 +150,7 @@ class _FilesHandler:
                 raise TooLarge(f"writing {length} bytes to '{path}' is over the limit of "
                                f"{self._max_write_bytes} bytes", path)
             with await self._spool(body, path) as spool:
-                written.append(await self._write(sid, path, spool))
+                written.append(await self._write(sid, path, spool, metadata))
         elif media_type.startswith("multipart/"):
             boundary = boundary_of(content_type)
             async for name, filename, data in iter_parts(body, boundary):
@@ -161,7 +165,7 @@ class _FilesHandler:
                     raise BadUpload(f"you cannot upload multiple files to the same path "
                                     f"'{normalize(target)}' in one upload request")
                 with await self._spool(data, target) as spool:
-                    written.append(await self._write(sid, target, spool))
+                    written.append(await self._write(sid, target, spool, metadata))
         else:
             raise BadUpload(f"unsupported content type: {content_type}, expected "
                             "multipart/form-data or application/octet-stream")
@@ -193,10 +197,14 @@ class _FilesHandler:
             raise
         return spool
 
-    async def _write(self, sid: str, path: str, data: IO[bytes]) -> dict[str, str]:
+    async def _write(self, sid: str, path: str, data: IO[bytes],
+                     metadata: dict[str, str]) -> dict[str, Any]:
         async with self._resolver.writing(sid) as files:
-            entry = await asyncio.to_thread(files.write, path, data)
-        return {"name": entry.name, "type": "file", "path": entry.path}
+            entry = await asyncio.to_thread(files.write, path, data, metadata)
+        answer: dict[str, Any] = {"name": entry.name, "type": "file", "path": entry.path}
+        if entry.metadata:
+            answer["metadata"] = dict(entry.metadata)
+        return answer
 
 
 # -- download helpers --------------------------------------------------------------------
