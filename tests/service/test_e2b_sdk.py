@@ -9,14 +9,15 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import e2b_scenarios as scenarios
 import pytest
 from e2b import Sandbox
 
 from tenon.service.testing import ServerHandle, running_server
-import e2b_scenarios as scenarios
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
+MAX_FILE_BYTES = 1 << 20
 SCENARIOS = ["lifecycle_and_metadata", "foreground_commands", "background_commands",
              "files", "pause_and_resume", "timeouts", "async_client"]
 
@@ -26,7 +27,8 @@ SCENARIOS = ["lifecycle_and_metadata", "foreground_commands", "background_comman
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[ServerHandle]:
     state = tmp_path_factory.mktemp(f"serve-{request.param}") / "state"
-    with running_server(state, budget="2GiB", backend=request.param) as handle:
+    with running_server(state, budget="2GiB", backend=request.param,
+                        extra_args=["--max-file-size", str(MAX_FILE_BYTES)]) as handle:
         yield handle
         leftover = _list(handle)
     assert leftover == [], f"scenarios left sandboxes: {leftover}"
@@ -69,7 +71,8 @@ def test_scenario(server: ServerHandle, name: str) -> None:
 
 def test_bad_requests(server: ServerHandle) -> None:
     with _sdk_env(server):
-        scenarios.bad_requests(server.url, server.api_key)
+        scenarios.bad_requests(server.url, server.api_key, backend=server.backend,
+                               max_file_bytes=MAX_FILE_BYTES)
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "crash"])

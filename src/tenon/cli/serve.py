@@ -32,6 +32,8 @@ def serve_cmd(
              "(comma-separated), else a key made once in the state directory.")] = None,
     policy: Annotated[str, typer.Option(help="Control policy (tenon, or a baseline).")] = (
         "tenon"),
+    max_file_size: Annotated[str, typer.Option(
+        help="Largest file a client may write through the files API.")] = "100MiB",
     setting: Annotated[list[str] | None, typer.Option(
         "--set", help="Policy parameter key=value (repeatable).")] = None,
 ) -> None:
@@ -49,7 +51,10 @@ def serve_cmd(
                                  backend=backend, state_dir=state_dir, image_dir=image_dir,
                                  host=host,
                                  port=int(port), api_keys=tuple(keys), policy=policy,
-                                 policy_config=parse_settings(setting or []))
+                                 policy_config=parse_settings(setting or []),
+                                 max_write_bytes=parse_size(max_file_size,
+                                                            what="--max-file-size"))
         asyncio.run(serve(settings, announce=[f"tenon serve: API keys from {source}"]))
     except (TenonError, ValidationError, ValueError) as exc:
-        fail(exc, {"budget_bytes": "--budget", "port": "--listen"})
+        fail(exc, {"budget_bytes": "--budget", "port": "--listen",
+                   "max_write_bytes": "--max-file-size"})

@@ -95,9 +95,9 @@ class TenonApp:
         path: str = scope["path"]
         target: ASGIApp | None = None
         if path.startswith("/process.Process/"):
-            target = self._process  # type: ignore[assignment]
+            target = self._process
         elif path.startswith("/filesystem.Filesystem/"):
-            target = self._filesystem  # type: ignore[assignment]
+            target = self._filesystem
         elif path in ("/files", "/health"):
             target = self._envd_http
         if target is None:
@@ -122,6 +122,7 @@ class TenonApp:
             # As E2B's proxy: an unknown sandbox is a 502 saying it "was not found", which
             # the SDK reports as a sandbox no longer running.
             status = 502 if exc.http_status == 404 else exc.http_status
+            body: dict[str, object]
             if connect:
                 body = {"code": _CONNECT_STATUS.get(status, "unknown"), "message": str(exc)}
             else:

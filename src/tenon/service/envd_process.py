@@ -114,11 +114,11 @@ class ProcessService:
             if event is None:
                 continue
             if event.field == "start":
-                command = self._command(session, event.value.process)  # type: ignore[union-attr]
+                command = self._command(session, event.value.process)
             elif event.field == "data":
                 if command is None:
                     raise ConnectError(Code.INVALID_ARGUMENT, "input before its start event")
-                await _write(command, event.value.input)  # type: ignore[union-attr]
+                await _write(command, event.value.input)
         return pb.StreamInputResponse()
 
     async def send_input(self, request: pb.SendInputRequest,
@@ -153,7 +153,7 @@ async def _write(command: Command, data: pb.ProcessInput | None) -> None:
     if data.input.field != "stdin":
         raise ConnectError(Code.UNIMPLEMENTED, "pseudo-terminals are not offered")
     try:
-        await command.write_stdin(bytes(data.input.value))  # type: ignore[arg-type]
+        await command.write_stdin(bytes(data.input.value))
     except ValueError as exc:
         raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from exc
 
@@ -167,20 +167,20 @@ def _keepalive_s(ctx: RequestContext[object, object]) -> float:
 
 
 def _start_event(pid: int) -> pb.ProcessEvent:
-    return pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid)))
+    return pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid)))  # type: ignore[arg-type]
 
 
 def _event(event: Event | None) -> pb.ProcessEvent:
     if event is None:
-        return pb.ProcessEvent(event=Oneof("keepalive", pb.ProcessEvent.KeepAlive()))
+        return pb.ProcessEvent(event=Oneof("keepalive", pb.ProcessEvent.KeepAlive()))  # type: ignore[arg-type]
     kind, value = event
     if kind == "end":
         assert isinstance(value, Ended)
-        return pb.ProcessEvent(event=Oneof("end", pb.ProcessEvent.EndEvent(
+        return pb.ProcessEvent(event=Oneof("end", pb.ProcessEvent.EndEvent(  # type: ignore[arg-type]
             exit_code=value.exit_code, exited=value.exited, status=value.status,
             error=value.error)))
-    return pb.ProcessEvent(event=Oneof("data", pb.ProcessEvent.DataEvent(
-        output=Oneof(kind, value))))
+    return pb.ProcessEvent(event=Oneof("data", pb.ProcessEvent.DataEvent(  # type: ignore[arg-type]
+        output=Oneof(kind, value))))  # type: ignore[arg-type]
 
 
 def process_app(sessions: SessionManager) -> ProcessASGIApplication:

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import secrets
+import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path

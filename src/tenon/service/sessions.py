@@ -20,7 +20,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tenon.errors import NotBusy, SandboxError, TenonError
 from tenon.runtime.controller import Agent, Runtime, meter_of
@@ -78,6 +77,7 @@ class SessionManager:
         self._store = SandboxStore(state_dir)
         self.sessions: dict[str, Session] = {}
         self._timer: asyncio.Task[None] | None = None
+        self._prewarms: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -94,6 +94,9 @@ class SessionManager:
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
+        for task in list(self._prewarms):
+            task.cancel()
+        await asyncio.gather(*self._prewarms, return_exceptions=True)
         for session in self.sessions.values():
             await session.commands.kill_all()
         self._store.close()
@@ -186,12 +189,19 @@ class SessionManager:
                                     self.wall_clock() + timeout)
         session.record.paused = False
         self._store.put(session.record)
-        if session.agent is not None:
-            try:
-                await self.runtime.prewarm(sandbox_id)
-            except TenonError as exc:  # the next command rebuilds it, or says why not
-                logger.warning("pre-warming sandbox %s: %s", sandbox_id, exc)
+        if session.agent is not None and not session.agent.failed:
+            # rebuilt in the background: the client's model generates meanwhile, and its
+            # next command finds the sandbox resident (or waits for this rebuild)
+            task = asyncio.ensure_future(self._prewarm(sandbox_id))
+            self._prewarms.add(task)
+            task.add_done_callback(self._prewarms.discard)
         return session
+
+    async def _prewarm(self, sandbox_id: str) -> None:
+        try:
+            await self.runtime.prewarm(sandbox_id)
+        except TenonError as exc:  # the next command rebuilds it, or says why not
+            logger.warning("pre-warming sandbox %s: %s", sandbox_id, exc)
 
     def list(self) -> list[Session]:
         return list(self.sessions.values())

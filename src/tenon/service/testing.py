@@ -77,10 +77,10 @@ class ServerHandle:
         request = urllib.request.Request(f"{self.url}/v2/sandboxes",
                                          headers={"X-API-Key": self.api_key})
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    if response.status == 200:
-                        return
+            with contextlib.suppress(OSError, urllib.error.URLError), \
+                    urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
             time.sleep(0.1)
         raise RuntimeError(f"tenon serve did not answer; its log: {self.tail_log()}")
 
