@@ -190,6 +190,7 @@ async def test_live_view_in_chromium_shows_budget_sandboxes_and_decisions(
         assert dom.by_id("region-red")["data-to-bytes"] == str(BUDGET)
         assert dom.by_id("budget-line")["data-bytes"] == str(BUDGET)
         assert int(dom.by_id("memory-line")["data-num-points"]) >= 2
+        assert int(dom.by_id("decision-marks")["data-count"]) >= 1  # the teardown seen
         assert dom.by_id("pressure")["data-state"] in ("green", "yellow", "red")
         rows = dom.inside("sandboxes", "tr")
         rows = [r for r in rows if "data-sandbox-id" in r]
@@ -293,4 +294,7 @@ def test_live_routes_sample_from_the_first_request_until_the_runtime_stops(
     assert [s["id"] for s in state["sandboxes"]] == ["sim-a"]
     kinds = {d["kind"] for d in state["decisions"]}
     assert {"admit", "materialize", "residency", "teardown", "rebuild"} <= kinds
+    marks = state["marks"]
+    assert {m["kind"] for m in marks} == {"teardown", "rebuild"}
+    assert [m["t"] for m in marks] == sorted(m["t"] for m in marks)
     assert (running, after) == (1, 0)  # one sampler, ended with the runtime

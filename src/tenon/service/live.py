@@ -1,8 +1,9 @@
 """The live view: `GET /live` (a page, no build step, no network) and `GET /live/state`.
 
 The state is the runtime now (`observe`), the domain memory series of the last
-`window_s` (sampled every `period_s` by a background task) and the latest decisions with
-their reasons (from the event log, through `EventLog.subscribe`). Times are the event
+`window_s` (sampled every `period_s` by a background task), the teardowns and rebuilds of
+that window (the chart's marks) and the latest decisions with their reasons (from the
+event log, through `EventLog.subscribe`). Times are the event
 log's (`t`, seconds since the runtime started), so samples and decisions share an axis.
 
 The sampler starts with the app's lifespan (`LiveView.lifespan`) or at the first request,
@@ -43,6 +44,10 @@ DECISION_KINDS = frozenset({
     "materialize", "oom_kill", "throttle", "workspace_full", "window",
 })
 """Events that record a decision of the controller (or a kill it answers to)."""
+
+MARK_KINDS = frozenset({"teardown", "rebuild"})
+"""Decisions the chart marks on its time axis, over its whole window."""
+MAX_MARKS = 5000
 
 
 def describe(event: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +96,7 @@ class LiveView:
         self.window_s = window_s
         self._series: deque[tuple[float, int]] = deque(maxlen=int(window_s / period_s) + 1)
         self._decisions: deque[dict[str, Any]] = deque(maxlen=max_decisions)
+        self._marks: deque[tuple[float, str, str | None]] = deque(maxlen=MAX_MARKS)
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._unsubscribe = runtime.events.subscribe(self._on_event)
@@ -140,6 +146,8 @@ class LiveView:
         kind = event["kind"]
         if kind in DECISION_KINDS:
             self._decisions.append(event)
+            if kind in MARK_KINDS:
+                self._marks.append((event["t"], kind, event.get("agent_id")))
         elif kind == "runtime_stop":
             self._stopped = True
             self._unsubscribe()
@@ -152,6 +160,8 @@ class LiveView:
     def state(self) -> dict[str, Any]:
         """The JSON `/live/state` returns (see the module docstring)."""
         snap = observe(self._runtime)
+        while self._marks and self._marks[0][0] < snap.t_s - self.window_s:
+            self._marks.popleft()
         return {
             "t": snap.t_s,
             "budget_bytes": snap.budget_bytes,
@@ -164,6 +174,7 @@ class LiveView:
             "window_s": self.window_s,
             "period_s": self.period_s,
             "series": [[t, usage] for t, usage in self._series],
+            "marks": [{"t": t, "kind": kind, "agent_id": agent} for t, kind, agent in self._marks],
             "sandboxes": [{"id": box.agent_id, "state": box.state,
                            "memory_bytes": box.memory_bytes, "restartable": box.restartable,
                            "reason": box.reason} for box in snap.sandboxes],

@@ -8,21 +8,17 @@ runtime's event loop: the controller's dicts are only consistent between awaits.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
-from tenon.errors import HostError, TenonError
+from tenon.errors import HostError
+from tenon.runtime.controller import Residency
 
 if TYPE_CHECKING:
-    from tenon.runtime.agents import AgentState
     from tenon.runtime.controller import Runtime
 
-logger = logging.getLogger(__name__)
-
-RESIDENCY_STATES = ("new", "resident", "busy", "frozen", "torn_down", "resident_only",
-                    "failed", "blocked")
-"""Every state a sandbox can be reported in (`Runtime.residency_of` returns one of them)."""
+RESIDENCY_STATES: tuple[str, ...] = get_args(Residency)
+"""Every state a sandbox can be reported in (`Runtime.residency_of`)."""
 
 PRESSURE_STATES = ("green", "yellow", "red")
 
@@ -106,28 +102,6 @@ def region_lines(runtime: Runtime) -> tuple[int | None, int | None]:
     return max(int(yellow), 0), max(int(red), 0)
 
 
-def residency_state(runtime: Runtime, state: AgentState, frozen: set[str]) -> str:
-    """The sandbox's state: `Runtime.residency_of` where the runtime has it, else derived
-    from the agent's state and the gate's frozen set the same way."""
-    residency_of = getattr(runtime, "residency_of", None)
-    if residency_of is not None:
-        try:
-            return str(residency_of(state.agent_id))
-        except (KeyError, TenonError):
-            pass  # closed meanwhile: derive it
-    if state.failed_reason is not None:
-        return "blocked" if state.failed_reason.startswith("blocked") else "failed"
-    if not state.materialized:
-        return "new"
-    if state.torn_down:
-        return "torn_down"
-    if state.agent_id in frozen:
-        return "frozen"
-    if state.busy:
-        return "busy"
-    return "resident" if state.restartable else "resident_only"
-
-
 def _memory_of(runtime: Runtime, agent_id: str) -> int | None:
     sandbox = runtime.residency.sandbox_for(agent_id)
     meter = None if sandbox is None else getattr(sandbox, "cgroup", None)
@@ -145,7 +119,6 @@ def observe(runtime: Runtime) -> Snapshot:
     reading = runtime.domain.reading()
     pressure = runtime.execution.pressure(runtime.actions.values(), reading)
     held: list[HeldAction] = []
-    frozen: set[str] = set()
     for action in list(runtime.actions.values()):
         if not action.started or action.allowed:
             continue
@@ -154,11 +127,12 @@ def observe(runtime: Runtime) -> Snapshot:
             held.append(HeldAction(action.action_id, action.agent_id, "start",
                                    None if since is None else max(now - since, 0.0)))
         else:
-            frozen.add(action.agent_id)
             held.append(HeldAction(action.action_id, action.agent_id, "frozen", None))
     sandboxes = []
     for state in list(runtime.agents.values()):
-        box_state = residency_state(runtime, state, frozen)
+        if state.closed:
+            continue  # on its way out: no longer a sandbox to show
+        box_state = runtime.residency_of(state.agent_id)
         reason = state.failed_reason or state.restart_reason
         sandboxes.append(SandboxView(state.agent_id, box_state,
                                      _memory_of(runtime, state.agent_id),

@@ -63,6 +63,7 @@ function drawChart(s) {
     line.setAttribute("y1", y(budget)); line.setAttribute("y2", y(budget));
     line.setAttribute("data-bytes", budget);
     label.setAttribute("y", y(budget) - 4); label.textContent = "budget " + fmtBytes(budget);
+    label.setAttribute("x", PLOT.left + 4);
   }
 
   const grid = document.getElementById("grid");
@@ -85,13 +86,15 @@ function drawChart(s) {
 
   const marks = document.getElementById("decision-marks");
   marks.replaceChildren();
-  for (const d of s.decisions) {
-    if ((d.kind === "teardown" || d.kind === "rebuild") && d.t >= tStart) {
-      const m = svg("line", { class: "mark", x1: x(d.t), x2: x(d.t), y1: PLOT.top, y2: PLOT.bottom, "data-kind": d.kind });
-      m.append(svg("title", {}, d.decision + " " + (d.agent_id || "")));
-      marks.append(m);
-    }
+  for (const d of s.marks) {
+    if (d.t < tStart) continue;
+    // ticks along the time axis: teardowns below, rebuilds above them
+    const y0 = d.kind === "teardown" ? PLOT.bottom - 10 : PLOT.bottom - 22;
+    const m = svg("line", { class: "mark " + d.kind, x1: x(d.t), x2: x(d.t), y1: y0, y2: y0 + 10, "data-kind": d.kind });
+    m.append(svg("title", {}, d.kind + " " + (d.agent_id || "") + " at " + d.t.toFixed(1) + " s"));
+    marks.append(m);
   }
+  marks.setAttribute("data-count", marks.childElementCount);
   document.getElementById("window").textContent = Math.round(s.window_s / 60) + " min";
 }
 
