@@ -433,9 +433,10 @@ class Boundary:
         while True:
             if state.closed:
                 raise AgentClosed(f"agent {state.agent_id} is closed")
-            if state.lifecycle is not None:  # a teardown or rebuild in flight: then decide
+            task = state.lifecycle
+            if task is not None and not task.done():  # a teardown or rebuild: then decide
                 with contextlib.suppress(Exception):
-                    await state.lifecycle
+                    await task
                 continue
             if state.failed_reason is not None:
                 raise WorkflowFailed(f"agent {state.agent_id}: {state.failed_reason}")

@@ -85,7 +85,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "tenon-base:bookworm"
 
-Residency = Literal["new", "resident", "busy", "frozen", "torn_down", "resident_only",
+AgentResidency = Literal["new", "resident", "busy", "frozen", "torn_down", "resident_only",
                     "failed", "blocked"]
 
 
@@ -413,7 +413,7 @@ class Runtime:
             raise UnknownAgent(f"no open agent {agent_id!r}")
         return state
 
-    def residency_of(self, agent_id: str) -> Residency:
+    def residency_of(self, agent_id: str) -> AgentResidency:
         """Where the agent's sandbox is now, read off memory (no I/O): "new" (never
         materialized), "busy" (an action or a command alongside it in flight), "frozen"
         (that action held by the gate), "resident", "resident_only" (idle, but its last
@@ -524,9 +524,10 @@ class Runtime:
         down, already was, or never had a sandbox; otherwise why it stays resident."""
         state = self._agent(agent_id)
         while True:
-            if state.lifecycle is not None:  # a teardown or rebuild in flight: its outcome
+            task = state.lifecycle
+            if task is not None and not task.done():  # a teardown or rebuild: its outcome
                 with contextlib.suppress(Exception):
-                    await state.lifecycle
+                    await task
                 continue
             if state.closed or not state.materialized or state.torn_down:
                 return None
@@ -920,4 +921,4 @@ def _interrupted_result(agent_id: str, action_id: str) -> ActionResult:
                         0.0, 0.0, 0, 0, 0, 0, 0, "")
 
 
-__all__ = ["Agent", "AdmitDecision", "RecoveryError", "Runtime", "meter_of"]
+__all__ = ["Agent", "AgentResidency", "AdmitDecision", "RecoveryError", "Runtime", "meter_of"]
