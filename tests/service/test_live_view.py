@@ -298,3 +298,12 @@ def test_live_routes_sample_from_the_first_request_until_the_runtime_stops(
     assert {m["kind"] for m in marks} == {"teardown", "rebuild"}
     assert [m["t"] for m in marks] == sorted(m["t"] for m in marks)
     assert (running, after) == (1, 0)  # one sampler, ended with the runtime
+
+
+def test_the_states_shown_are_the_states_the_runtime_reports() -> None:
+    from typing import get_args, get_type_hints
+
+    from tenon.runtime.controller import Runtime
+
+    reported = get_args(get_type_hints(Runtime.residency_of)["return"])
+    assert sorted(RESIDENCY_STATES) == sorted(reported)

@@ -30,7 +30,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import Outcome
-from tenon.service.metrics import EventMetrics, metrics_route
+from tenon.service.metrics import EventMetrics, metrics_registry, metrics_route
 
 STATE_DIR = Path("/var/lib/tenon")
 MIB = 1024 * 1024
@@ -140,6 +140,7 @@ async def test_prometheus_scrapes_domain_sandboxes_and_lifecycle(tmp_path: Path)
                             predictor=FixedPredictor(8 * MIB, 16 * MIB)) as rt:
         domain = rt.domain.name
         app = Starlette(routes=[metrics_route(rt)])
+        registry = metrics_registry(rt)  # a second one, read after the runtime closed
         async with _served(app) as url:
             with _prometheus(url.removeprefix("http://"), tmp_path) as api:
                 cycler = await rt.create_agent(agent_id="cycler")
@@ -183,6 +184,10 @@ async def test_prometheus_scrapes_domain_sandboxes_and_lifecycle(tmp_path: Path)
                 await cycler.close()
                 await failing.close()
     assert not glob.glob(f"/sys/fs/cgroup/*/{domain}")  # nothing left behind
+    # a scrape after the runtime closed (its domain is gone): the event-fed series only
+    text = generate_latest(registry).decode()
+    assert "tenon_domain_memory_usage_bytes" not in text
+    assert 'tenon_actions_total{outcome="ok"} 4.0' in text
 
 
 def test_event_metrics_count_what_the_events_say() -> None:

@@ -197,7 +197,12 @@ class LiveView:
         async def state(request: Request) -> Response:
             del request
             self.start()
-            return JSONResponse(self.state(), headers={"Cache-Control": "no-store"})
+            try:
+                body = self.state()
+            except (OSError, HostError) as exc:  # the domain went with a closed runtime
+                return JSONResponse({"error": f"the runtime cannot be read: {exc}"},
+                                    status_code=503)
+            return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
         async def static(request: Request) -> Response:
             name = request.path_params["name"]

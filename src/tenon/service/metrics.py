@@ -30,6 +30,7 @@ collects inline), so the controller's state is read between awaits, never torn.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -42,11 +43,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tenon.errors import HostError
 from tenon.runtime.results import Outcome
 from tenon.service.observe import PRESSURE_STATES, observe
 
 if TYPE_CHECKING:
     from tenon.runtime.controller import Runtime
+
+logger = logging.getLogger(__name__)
 
 ASGIApp = Callable[..., Any]
 
@@ -66,7 +70,11 @@ class RuntimeCollector(Collector):
         self._runtime = runtime
 
     def collect(self) -> Iterable[Metric]:
-        snap = observe(self._runtime)
+        try:
+            snap = observe(self._runtime)
+        except (OSError, HostError) as exc:  # the domain's cgroup went with a closed runtime
+            logger.warning("metrics: the runtime cannot be read: %r", exc)
+            return
         yield _gauge("tenon_domain_memory_usage_bytes",
                      "Memory the workload domain's cgroup uses (all sandboxes).",
                      snap.usage_bytes)

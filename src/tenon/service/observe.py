@@ -9,16 +9,16 @@ runtime's event loop: the controller's dicts are only consistent between awaits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 from tenon.errors import HostError
-from tenon.runtime.controller import Residency
 
 if TYPE_CHECKING:
     from tenon.runtime.controller import Runtime
 
-RESIDENCY_STATES: tuple[str, ...] = get_args(Residency)
-"""Every state a sandbox can be reported in (`Runtime.residency_of`)."""
+RESIDENCY_STATES = ("new", "resident", "busy", "frozen", "torn_down", "resident_only",
+                    "failed", "blocked")
+"""Every state `Runtime.residency_of` reports a sandbox in."""
 
 PRESSURE_STATES = ("green", "yellow", "red")
 
