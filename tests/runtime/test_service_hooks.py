@@ -14,8 +14,10 @@ import pytest
 
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import NotBusy, RecoveryError, UnknownAgent
+from tenon.policy.config import PolicyConfig
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
+from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import run_inline
 from tenon.runtime.results import Outcome
 from tenon.sandbox.base import ExecControl, ExecIO, ProcessInfo
@@ -33,11 +35,12 @@ def load(duration_s: float, peak_mib: int = 20) -> str:
 
 
 def make_runtime(state_dir: Path, clock: FakeClock, *, keep_agents: bool = False,
-                 policy: str = "tenon") -> tuple[Runtime, SimBackend]:
+                 policy: str = "tenon",
+                 config: PolicyConfig | None = None) -> tuple[Runtime, SimBackend]:
     domain = SimDomain(GIB)
     backend = SimBackend(domain, clock)
     runtime = Runtime(domain=domain, backend=backend, state_dir=state_dir, clock=clock,
-                      blocking=run_inline, keep_events=True, policy=policy,
+                      blocking=run_inline, keep_events=True, policy=policy, config=config,
                       keep_agents=keep_agents, predictor=FixedPredictor(10 * MIB, 20 * MIB))
     return runtime, backend
 
@@ -421,6 +424,36 @@ def test_a_restart_keeping_agents_restores_each_as_a_crash_would(tmp_path: Path)
     assert reason is not None
     assert "resident-only" in reason
     assert "4242" in reason
+
+
+def test_keeping_agents_tears_down_one_whose_next_action_is_only_queued(
+        tmp_path: Path) -> None:
+    clock = FakeClock()
+
+    async def main() -> Any:
+        rt, _ = make_runtime(tmp_path / "state", clock, keep_agents=True,
+                             config=PolicyConfig(max_admitted_actions=1))
+        async with rt:
+            queued = await rt.create_agent(image="sim", agent_id="queued")
+            running = await rt.create_agent(image="sim", agent_id="running")
+            await queued.run(load(0.5), timeout=60)
+            long = asyncio.ensure_future(running.run(load(30.0), timeout=60))
+            await clock.sleep(1.0)
+            waiting = asyncio.ensure_future(queued.run(load(0.5), timeout=60))
+            await clock.sleep(1.0)
+            assert not waiting.done()  # behind the admission cap
+        waiting.cancel()
+        await asyncio.gather(long, waiting, return_exceptions=True)
+        return {e["agent_id"]: e["how"] for e in rt.events.of_kind("agent_kept")}
+
+    kept = asyncio.run(run_simulated(main(), clock))
+    assert kept == {"queued": "torn_down", "running": "dropped"}
+    store = RecoveryStore(tmp_path / "state" / "recovery.sqlite")
+    try:
+        states = {r.agent_id: (r.state, r.in_flight) for r in store.all()}
+    finally:
+        store.close()
+    assert states == {"queued": ("torn_down", None), "running": ("resident", "running-a0001")}
 
 
 def test_a_default_close_still_ends_every_workflow(tmp_path: Path) -> None:

@@ -192,6 +192,10 @@ class Boundary:
                         if s.lifecycle is not None and not s.torn_down)
         return in_flight + sum(s.idle_bytes for s in self._reclaim_candidates(self._queued()))
 
+    def teardown_candidates(self) -> set[str]:
+        """Agents a teardown may take now (see `_reclaim_candidates`)."""
+        return {s.agent_id for s in self._reclaim_candidates(self._queued())}
+
     def _reclaimable(self) -> bool:
         return self._rt.spec.use_residency and bool(self._reclaim_candidates(self._queued()))
 

@@ -293,13 +293,11 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         self.execution.release_all(self.actions.values())
+        if self._keep_agents:
+            await self._keep_all()
         for state in list(self.agents.values()):
             if self._keep_agents:
-                try:
-                    await self._keep(state)
-                except Exception:
-                    logger.exception("agent %s: not kept cleanly", state.agent_id)
-                continue
+                break
             if state.agent_id in self._blocked and not state.busy:
                 continue  # its record waits for `tenon agents unblock` or `discard`
             with contextlib.suppress(Exception):
@@ -362,12 +360,28 @@ class Runtime:
                          waited_s=round(self.clock.now() - state.created_at, 4))
         return Agent(self, state)
 
-    async def _keep(self, state: AgentState) -> None:
+    async def _keep_all(self) -> None:
+        """Leave every agent for the next runtime, `lifecycle_limit` of them at a time."""
+        # restartable and idle, or with the next action only queued: torn down cleanly
+        clean = self.boundary.teardown_candidates() if self.spec.use_residency else set()
+        slots = asyncio.Semaphore(max(self.config.lifecycle_limit, 1))
+
+        async def keep(state: AgentState) -> None:
+            async with slots:
+                try:
+                    await self._keep(state, tear_down=state.agent_id in clean)
+                except Exception:
+                    logger.exception("agent %s: not kept cleanly", state.agent_id)
+
+        await asyncio.gather(*(keep(state) for state in list(self.agents.values())))
+
+    async def _keep(self, state: AgentState, *, tear_down: bool) -> None:
         """Leave the agent for the next runtime (`close` with `keep_agents`)."""
         agent_id = state.agent_id
         if state.lifecycle is not None:
             with contextlib.suppress(Exception):
                 await state.lifecycle
+            tear_down = self.spec.use_residency and state.idle and state.restartable
         how = "as_recorded"  # torn down or blocked: its record already describes it
         if self._recovery.get(agent_id) is None:
             async with self.residency.hold(agent_id):  # after a first materialize in flight
@@ -377,7 +391,7 @@ class Runtime:
                     how = "recorded"
         if self.residency.sandbox_for(agent_id) is not None:
             how = "dropped"
-            if self.spec.use_residency and state.idle and state.restartable:
+            if tear_down:
                 result = await self.residency.teardown(agent_id)
                 if result.outcome != "kept_resident":
                     how = "torn_down"
