@@ -29,6 +29,8 @@ from tenon.predict.static import StaticPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.open import open_runtime
 from tenon.service.app import TenonApp
+from tenon.service.live import LiveView
+from tenon.service.metrics import metrics_route
 from tenon.service.sessions import DEFAULT_TEMPLATE, SessionManager
 
 logger = logging.getLogger(__name__)
@@ -135,8 +137,10 @@ async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
     sessions = SessionManager(runtime, state_dir, templates={DEFAULT_TEMPLATE: image},
                               image_root=image_root, max_write_bytes=max_write_bytes)
     await sessions.start()
+    live = LiveView(runtime)
+    live.start()  # the memory series starts with the server, not at the first page view
     try:
-        app = TenonApp(sessions, api_keys, extra_routes=_pages(runtime),
+        app = TenonApp(sessions, api_keys, extra_routes=_pages(runtime, live),
                        max_write_bytes=max_write_bytes)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 lifespan="off", timeout_graceful_shutdown=5, backlog=4096)
@@ -153,15 +157,10 @@ async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
             server.should_exit = True
             await server.shutdown()
     finally:
+        await live.stop()
         await sessions.close()
 
 
-def _pages(runtime: Any) -> list[Any]:
-    """/metrics and the live view, when their modules are present."""
-    routes: list[Any] = []
-    from tenon.service.live import live_routes
-    from tenon.service.metrics import metrics_route
-
-    routes.append(metrics_route(runtime))
-    routes.extend(live_routes(runtime))
-    return routes
+def _pages(runtime: Runtime, live: LiveView) -> list[Any]:
+    """/metrics and the live view."""
+    return [metrics_route(runtime), *live.routes()]
