@@ -1,6 +1,6 @@
 """TenonEnvironment: mini-swe-agent's actions as E2B commands on Tenon.
 
-The fast tests drive the environment over a scripted stand-in for the e2b SDK's sandbox
+The fast tests drive the environment over a scripted fake of the e2b SDK's Sandbox
 object (the SDK is not this project's code); the demonstration runs mini-swe-agent's own
 agent loop against a real `tenon serve`, tearing the sandbox down after every step.
 """
@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")  # mini-swe-agent prints a banner on import
 
 from e2b import CommandExitException, CommandResult, TimeoutException  # noqa: E402
 from e2b.exceptions import SandboxNotRunningException  # noqa: E402
-from minisweagent.environments import get_environment_class  # noqa: E402
+from minisweagent import package_dir  # noqa: E402
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.environments import get_environment, get_environment_class  # noqa: E402
 from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 from minisweagent.exceptions import Submitted  # noqa: E402
+from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
 from tenon.errors import ConfigError  # noqa: E402
@@ -34,7 +40,7 @@ from tenon.integrations.minisweagent import (  # noqa: E402
 FULL_PATH = "tenon.integrations.minisweagent.TenonEnvironment"
 
 
-# -- a scripted stand-in for e2b.Sandbox ---------------------------------------------------
+# -- a scripted fake of e2b.Sandbox (the SDK, not this project) -------------------------
 
 
 @dataclass
@@ -257,3 +263,171 @@ def test_without_a_server_url_construction_says_what_to_set(
     monkeypatch.delenv("E2B_API_URL", raising=False)
     with pytest.raises(ConfigError, match="E2B_API_URL"):
         TenonEnvironment()
+
+
+# -- the demonstration: mini-swe-agent fixes a bug on a sandbox rebuilt before every step ---
+
+STATE_DIR_IMAGES = Path("/var/lib/tenon/images")
+REPO = "/workspace"
+CALC = '''"""Small arithmetic helpers."""
+
+
+def add(a, b):
+    """The sum of a and b."""
+    return a - b
+
+
+def mul(a, b):
+    """The product of a and b."""
+    return a * b
+'''
+TEST_CALC = '''import unittest
+
+from calc import add, mul
+
+
+class TestCalc(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+
+    def test_mul(self):
+        self.assertEqual(mul(2, 3), 6)
+
+
+if __name__ == "__main__":
+    unittest.main()
+'''
+TASK = "The tests in test_calc.py fail: add(2, 3) does not return 5. Fix calc.py."
+# (thought, command): what the scripted model does, in order; the last one submits.
+SCRIPT = [
+    ("Run the tests to see what fails.", "python3 -m unittest -v 2>&1 | tail -n 20"),
+    ("test_add fails; look at the code.", "nl -ba calc.py"),
+    ("add subtracts; make it add.", "sed -i 's/return a - b/return a + b/' calc.py"),
+    ("Run the tests again.", "python3 -m unittest -v"),
+    ("The tests pass: submit the diff.", f"echo {SUBMIT_MARKER} && git diff"),
+]
+
+
+def _need_real_sandboxes() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("real sandboxes need root")
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if not STATE_DIR_IMAGES.exists():
+        pytest.skip("base image missing: run `tenon image build`")
+
+
+def scripted_model() -> DeterministicModel:
+    config = yaml.safe_load((package_dir / "config" / "default.yaml").read_text())
+    outputs = [make_output(f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```",
+                           [{"command": command}]) for thought, command in SCRIPT]
+    return DeterministicModel(outputs=outputs,
+                              observation_template=config["model"]["observation_template"])
+
+
+def make_repo(env: TenonEnvironment) -> None:
+    """A git repository with the bug, written through the SDK as any E2B user would."""
+    env.sandbox.files.write(f"{REPO}/calc.py", CALC)
+    env.sandbox.files.write(f"{REPO}/test_calc.py", TEST_CALC)
+    env.sandbox.commands.run("git init -q && git add -A && git -c user.name=tenon "
+                             "-c user.email=tenon@example.invalid commit -qm 'calc'", cwd=REPO)
+
+
+def run_agent(env: TenonEnvironment, trajectory: Path) -> dict[str, Any]:
+    """mini-swe-agent's own loop with its default prompts, the scripted model and `env`."""
+    config = yaml.safe_load((package_dir / "config" / "default.yaml").read_text())
+    agent = DefaultAgent(scripted_model(), env,
+                         **config["agent"] | {"step_limit": 10, "output_path": trajectory})
+    return agent.run(TASK)
+
+
+def agent_events(state_dir: Path, agent_id: str) -> list[dict[str, Any]]:
+    lines = (state_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("agent_id") == agent_id]
+
+
+def rebuilt_before_each_action(events: list[dict[str, Any]]) -> list[bool]:
+    """For each action in order: whether its sandbox was torn down and rebuilt since the
+    previous action."""
+    flags: list[bool] = []
+    torn = rebuilt = False
+    for event in events:
+        if event["kind"] == "teardown" and event["outcome"] != "kept_resident":
+            torn = True
+        elif event["kind"] == "rebuild":
+            rebuilt = torn
+        elif event["kind"] == "action_start":
+            flags.append(torn and rebuilt)
+            torn = rebuilt = False
+    return flags
+
+
+@pytest.fixture
+def tenon_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A `tenon serve` on the process backend with the e2b SDK's variables pointing at it;
+    yields its state directory."""
+    _need_real_sandboxes()
+    from tenon.service.testing import running_server
+
+    state_dir = tmp_path / "state"
+    with running_server(state_dir) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield state_dir
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_mini_swe_agent_fixes_a_bug_on_a_sandbox_rebuilt_before_every_step(
+        tenon_server: Path, tmp_path: Path) -> None:
+    defaults = yaml.safe_load((package_dir / "config" / "default.yaml").read_text())
+    env = get_environment({
+        "environment_class": FULL_PATH, "force_teardown": True, "timeout": 120,
+        "metadata": {"tenon.task": "calc__add", "tenon.family": "calc"},
+        "env": defaults["environment"]["env"] | {"PYTHONDONTWRITEBYTECODE": "1"},
+    })
+    assert isinstance(env, TenonEnvironment)
+    trajectory = tmp_path / "trajectory.json"
+    try:
+        make_repo(env)
+        info = run_agent(env, trajectory)
+        sandbox_id = env.sandbox.sandbox_id
+
+        assert info["exit_status"] == "Submitted"
+        assert "+    return a + b" in info["submission"]
+        # checked apart from the agent, through the SDK
+        assert env.sandbox.commands.run("python3 -m unittest", cwd=REPO).exit_code == 0
+        diff = env.sandbox.commands.run("git diff", cwd=REPO).stdout
+        assert "-    return a - b" in diff
+        assert "+    return a + b" in diff
+    finally:
+        env.cleanup()
+
+    saved = json.loads(trajectory.read_text())
+    assert saved["info"]["exit_status"] == "Submitted"
+    # a pause after the uname and after every step but the submitting one
+    assert saved["info"]["tenon"]["num_pauses"] == len(SCRIPT)
+    observations = [m["extra"] for m in saved["messages"][2:] if m["role"] == "user"]
+    assert "FAILED (failures=1)" in observations[0]["raw_output"]
+    assert (observations[3]["returncode"], observations[3]["raw_output"].split()[-1]) == (0, "OK")
+
+    events = agent_events(tenon_server, sandbox_id)
+    asked = [e for e in events if e["kind"] == "teardown" and e["why"] == "asked"]
+    assert [e["outcome"] for e in asked] == ["torn_down"] * len(SCRIPT)
+    # actions: git init, uname, the agent's steps, the two checks; every step on a rebuild
+    flags = rebuilt_before_each_action(events)
+    assert len(flags) == 2 + len(SCRIPT) + 2
+    assert flags[2:2 + len(SCRIPT)] == [True] * len(SCRIPT)
+
+
+@pytest.mark.sandbox
+@pytest.mark.slow
+def test_on_tenon_a_timed_out_command_is_reported_and_killed(tenon_server: Path) -> None:
+    with TenonEnvironment(timeout=1) as env:
+        result = env.execute({"command": "echo partial; sleep 37"})
+        assert result == LocalEnvironment(timeout=1).execute(
+            {"command": "echo partial; sleep 37"})
+        # a pattern that does not match its own command line
+        count = env.execute({"command": "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' "
+                                        "| grep -c 'slee[p] 37'"})
+        assert count["output"].strip() == "0"

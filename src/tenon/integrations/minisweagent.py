@@ -51,7 +51,7 @@ class TenonEnvironmentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     api_url: str = ""
-    """The server's control-plane URL (e.g. http://127.0.0.1:49983); empty: $E2B_API_URL."""
+    """The server's control-plane URL (e.g. http://127.0.0.1:49982); empty: $E2B_API_URL."""
     sandbox_url: str = ""
     """Where sandbox-side calls go; empty: $E2B_SANDBOX_URL, else `api_url`."""
     api_key: str = Field(default="", repr=False)
