@@ -281,11 +281,13 @@ class ResidencyManager:
                 agent_id, "kept_resident", "an action or lifecycle step is in flight", step="block"
             )
         async with slot.lock:
-            if slot.holds or slot.alongside or slot.sandbox is None:
+            if slot.sandbox is None:  # another lifecycle step took it meanwhile
+                raise RecoveryError(f"agent {agent_id} has no resident sandbox to tear down")
+            if slot.holds or slot.alongside:
                 return TeardownResult(
                     agent_id, "kept_resident",
-                    "a workspace edit or a command alongside the action is in flight"
-                    if slot.sandbox is not None else "no resident sandbox", step="held")
+                    "a workspace edit or a command alongside the action is in flight",
+                    step="held")
             slot.dispatch_blocked = True
             slot.in_lifecycle = True  # no await since the check: no edit or command began
             try:
