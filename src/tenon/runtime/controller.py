@@ -15,6 +15,13 @@ rebuilds under green, and re-runs admission as memory frees up.
 
 An OOM kill or a lost sandbox fails the agent's workflow attempt: the result says so, and
 the agent refuses further actions (`WorkflowFailed`); the caller decides on a retry.
+
+For a service in front of the runtime (one sandbox per agent, commands as actions): an
+action may be interactive (`ExecIO`); `Agent.run_alongside` runs a command next to the
+action in flight; `edit_workspace` changes an agent's files from the host, resident or torn
+down; `teardown_now` and `prewarm` tear down and rebuild on request; `residency_of` reads
+an agent's state for observers; and `keep_agents` makes `close` leave every agent for the
+next runtime on the same state directory instead of ending its workflow.
 """
 
 from __future__ import annotations
@@ -490,6 +497,9 @@ class Runtime:
         record committed again (generation unchanged; a new agent's as generation 0), so
         the next rebuild verifies, and sees, the edited content. A blocked agent's record is
         left as it is. The live sandbox, if any, sees every change at once.
+
+        The body must not wait for an action of the same agent: a rebuild that action
+        needs waits for the edit to end.
         """
         state = self._agent(agent_id)
         if state.lifecycle is not None:
