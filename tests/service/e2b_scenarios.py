@@ -76,6 +76,11 @@ def foreground_commands() -> None:
         assert "".join(chunks) == "line1\nline2\nline3\n"
         with pytest.raises(TimeoutException):
             sbx.commands.run("sleep 30", timeout=2)
+        # the server ends the command at its timeout too (on running time, a moment later)
+        deadline = time.monotonic() + 20
+        while sbx.commands.list() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sbx.commands.list() == []
         # the sandbox still works after a timed-out command
         assert sbx.commands.run("echo alive").stdout == "alive\n"
 
