@@ -209,7 +209,7 @@ class Boundary:
         sandbox runs nothing until then, and a queued action may wait long)."""
         return [s for s in self._rt.agents.values() if s.restartable and (s.idle or (
             s.agent_id in queued and s.materialized and not s.torn_down and not s.closed
-            and s.lifecycle is None and s.failed_reason is None))]
+            and s.lifecycle is None and s.failed_reason is None and not s.alongside))]
 
     # -- sandboxes ------------------------------------------------------------------
 

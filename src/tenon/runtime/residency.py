@@ -186,11 +186,6 @@ class ResidencyManager:
         slot = self._slots.get(agent_id)
         return slot is not None and slot.dispatch_blocked
 
-    def is_pinned(self, agent_id: str) -> bool:
-        """A workspace edit or a command alongside the action holds the agent's sandbox."""
-        slot = self._slots.get(agent_id)
-        return slot is not None and bool(slot.holds or slot.alongside)
-
     def pending_destroys(self, agent_id: str | None = None) -> list[Sandbox]:
         """Sandboxes whose record is committed but whose destroy has not yet succeeded."""
         slots = self._slots.values() if agent_id is None else [self._slot(agent_id)]
