@@ -3,6 +3,7 @@ official SDK's filesystem client and the generated Connect client, over tmp root
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import os
 import threading
@@ -49,13 +50,18 @@ class FakeResolver:
 
     sandboxes: dict[str, SandboxFiles]
     held: list[tuple[str, str]] = field(default_factory=list)
+    num_open: int = 0
 
     @asynccontextmanager
     async def _hold(self, kind: str, sandbox_id: str) -> AsyncIterator[SandboxFiles]:
         if sandbox_id not in self.sandboxes:
             raise SandboxNotFound(f"sandbox '{sandbox_id}' not found")
         self.held.append((kind, sandbox_id))
-        yield self.sandboxes[sandbox_id]
+        self.num_open += 1
+        try:
+            yield self.sandboxes[sandbox_id]
+        finally:
+            self.num_open -= 1
 
     def reading(self, sandbox_id: str) -> Any:
         return self._hold("read", sandbox_id)
@@ -361,3 +367,48 @@ def test_content_disposition_parameters() -> None:
         "file", '/w/a "q".txt')
     assert content_disposition(" form-data; name=file; filename*=UTF-8''%C3%A9t%C3%A9") == (
         "file", "été")
+
+
+@pytest.mark.parametrize("client_leaves", [False, True])
+async def test_download_holds_the_sandbox_until_sent_or_abandoned(
+        tmp_path: Path, client_leaves: bool) -> None:
+    root = tmp_path / "root"
+    (root / "workspace").mkdir(parents=True)
+    data = os.urandom(300_000)  # several chunks
+    (root / "workspace" / "big").write_bytes(data)
+    resolver = FakeResolver({SID: SandboxFiles(root, image_root=None,
+                                               max_write_bytes=MAX_WRITE_BYTES)})
+    app = make_app(resolver)
+    scope = {"type": "http", "method": "GET", "path": "/files", "raw_path": b"/files",
+             "query_string": b"path=/workspace/big", "root_path": "", "scheme": "http",
+             "headers": [(b"e2b-sandbox-id", SID.encode())], "http_version": "1.1",
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
+    body: list[bytes] = []
+    held_while_sending: list[int] = []
+
+    requested = False
+    never = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await never.wait()  # the client neither sends more nor disconnects
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            held_while_sending.append(resolver.num_open)
+            if client_leaves:
+                raise OSError("client went away")
+            body.append(message.get("body", b""))
+
+    if client_leaves:
+        with pytest.raises(OSError, match="went away"):
+            await app(scope, receive, send)
+    else:
+        await app(scope, receive, send)
+        assert b"".join(body) == data
+    assert held_while_sending[0] == 1
+    assert resolver.num_open == 0
