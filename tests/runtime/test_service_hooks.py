@@ -325,6 +325,25 @@ def test_teardown_now_and_prewarm_follow_the_agents_state(tmp_path: Path) -> Non
     assert out["live"] == 1
 
 
+def test_an_action_the_gate_holds_shows_frozen(tmp_path: Path) -> None:
+    async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
+        # both predicted small, both grow to 600 MiB in a 1 GiB domain: the gate holds one
+        agents = [await rt.create_agent(image="sim") for _ in range(2)]
+        runs = [asyncio.ensure_future(a.run(load(6.0, peak_mib=600), timeout=60))
+                for a in agents]
+        seen: list[set[str]] = [set(), set()]
+        while not all(run.done() for run in runs):
+            await clock.sleep(0.1)
+            for i, agent in enumerate(agents):
+                seen[i].add(rt.residency_of(agent.id))
+        return seen, [run.result().outcome for run in runs]
+
+    seen, outcomes = simulate(tmp_path, body)
+    assert outcomes == [Outcome.OK, Outcome.OK]
+    assert "frozen" in seen[0] | seen[1]
+    assert all("busy" in states for states in seen)
+
+
 def test_a_resident_only_boundary_is_the_reason_teardown_now_gives(tmp_path: Path) -> None:
     async def body(rt: Runtime, backend: SimBackend, clock: FakeClock) -> Any:
         agent = await rt.create_agent(image="sim")
