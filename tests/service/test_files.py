@@ -281,6 +281,19 @@ def test_list_dir_depth_and_order(tmp_path: Path) -> None:
         files.list_dir("/workspace/missing")
 
 
+def test_list_dir_bounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = make_files(tmp_path)
+    files.make_dir("/workspace/a/b/c/d")
+    monkeypatch.setattr(files_mod, "MAX_LIST_DEPTH", 2)
+    assert [e.path for e in files.list_dir("/workspace", depth=10)] == [
+        "/workspace/a", "/workspace/a/b"]
+    monkeypatch.setattr(files_mod, "MAX_LIST_DEPTH", 128)
+    monkeypatch.setattr(files_mod, "MAX_LIST_ENTRIES", 3)
+    assert len(files.list_dir("/workspace", depth=2)) == 2
+    with pytest.raises(TooLarge, match="more than 3 entries"):
+        files.list_dir("/workspace", depth=4)
+
+
 def test_list_dir_through_a_symlink_shows_requested_paths(tmp_path: Path) -> None:
     files = make_files(tmp_path)
     files.write("/workspace/real/f", b"x")

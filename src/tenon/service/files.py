@@ -48,6 +48,10 @@ from tenon.service.inroot import openat2
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 CHUNK_BYTES = 64 * 1024
+# Bounds on one listing, so a sandbox's tree cannot exhaust the server's memory, stack or
+# fds: deeper levels are not descended into; more entries fail the listing.
+MAX_LIST_DEPTH = 128
+MAX_LIST_ENTRIES = 100_000
 
 
 
@@ -293,13 +297,15 @@ class SandboxFiles:
 
     def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
         """Entries under the directory `path` (a symlink to one is followed), `depth` levels
-        deep, each directory's entries sorted by name and followed by their own children;
-        symlinked directories inside are listed, not descended into."""
+        deep (at most MAX_LIST_DEPTH), each directory's entries sorted by name and followed
+        by their own children; symlinked directories inside are listed, not descended into.
+        TooLarge past MAX_LIST_ENTRIES entries."""
         loc = self.locate(path)
         entries: list[Entry] = []
         with self._top(loc) as top, self._open(top, loc, loc.rel,
                                                os.O_RDONLY | os.O_DIRECTORY) as fd:
-            self._walk(top, loc, fd, self._rel_of(top, fd), loc.path, max(depth, 1), entries)
+            self._walk(top, loc, fd, self._rel_of(top, fd), loc.path,
+                       min(max(depth, 1), MAX_LIST_DEPTH), entries)
         return entries
 
     def _walk(self, top: int, loc: _Location, dir_fd: int, real_rel: str, shown: str,
@@ -311,6 +317,9 @@ class SandboxFiles:
                 continue  # removed while listing
             child_rel = posixpath.join(real_rel, name)
             child_shown = posixpath.join(shown, name)
+            if len(out) >= MAX_LIST_ENTRIES:
+                raise TooLarge(f"listing '{loc.path}' has more than {MAX_LIST_ENTRIES} "
+                               "entries; list a smaller depth or a subdirectory", loc.path)
             out.append(self._entry(top, loc, child_rel, child_shown, st,
                                    f"/proc/self/fd/{dir_fd}/{name}"))
             if depth > 1 and stat.S_ISDIR(st.st_mode):
