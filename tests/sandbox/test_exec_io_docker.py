@@ -41,19 +41,20 @@ class Streams:
                  env: dict[str, str] | None = None) -> None:
         self.stdout: list[bytes] = []
         self.stderr: list[bytes] = []
-        self.arrived: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        self.arrived = asyncio.Event()  # set at every chunk
         self.starts: list[ExecControl] = []
         self.started: asyncio.Future[ExecControl] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[ExecResult] | None = None  # the exec, once `run` started it
         self.io = ExecIO(on_stdout=self._on_stdout, on_stderr=self._on_stderr, stdin=stdin,
                          cwd=cwd, env=env or {}, on_start=self._on_start)
 
     def _on_stdout(self, data: bytes) -> None:
         self.stdout.append(data)
-        self.arrived.put_nowait(("stdout", data))
+        self.arrived.set()
 
     def _on_stderr(self, data: bytes) -> None:
         self.stderr.append(data)
-        self.arrived.put_nowait(("stderr", data))
+        self.arrived.set()
 
     def _on_start(self, control: ExecControl) -> None:
         self.starts.append(control)
@@ -61,15 +62,24 @@ class Streams:
             self.started.set_result(control)
 
     async def until(self, stream: str, text: bytes) -> None:
-        """Wait until `stream` has carried `text` (the exec's timeout bounds the wait)."""
+        """Wait until `stream` has carried `text`; fail if the command ended without it."""
         while text not in b"".join(self.stdout if stream == "stdout" else self.stderr):
-            await self.arrived.get()
+            assert self.task is not None
+            if self.task.done():
+                raise AssertionError(f"the command ended and {stream} never had {text!r}")
+            self.arrived.clear()
+            chunk = asyncio.ensure_future(self.arrived.wait())
+            await asyncio.wait({chunk, self.task}, return_when=asyncio.FIRST_COMPLETED)
+            chunk.cancel()
 
 
 def run(sb: Sandbox, command: str, streams: Streams | None = None,
         timeout_s: float = 30.0) -> asyncio.Task[ExecResult]:
     io = streams.io if streams is not None else None
-    return asyncio.ensure_future(sb.exec(command, timeout_s=timeout_s, io=io))
+    task = asyncio.ensure_future(sb.exec(command, timeout_s=timeout_s, io=io))
+    if streams is not None:
+        streams.task = task
+    return task
 
 
 async def both_sleeps_run(sb: Sandbox) -> None:
