@@ -59,7 +59,10 @@ class MultipartParser:
         while True:
             if self._state == "preamble":
                 at = self._buf.find(self._first)
-                if at < 0 or len(self._buf) < at + len(self._first) + 2:
+                if at < 0:
+                    self._buf = self._buf[-len(self._first):]  # a preamble is dropped
+                    return
+                if len(self._buf) < at + len(self._first) + 2:
                     return
                 self._buf = self._buf[at + len(self._first):]
                 self._state = "after-delimiter"
@@ -123,9 +126,9 @@ class MultipartParser:
 
 
 async def iter_parts(body: AsyncIterator[bytes], boundary: bytes,
-                 ) -> AsyncIterator[tuple[str, str, AsyncIterator[bytes]]]:
-    """Each part as (name, filename, its data); a part's data must be consumed before the
-    next part is asked for."""
+                     ) -> AsyncIterator[tuple[str, str, AsyncIterator[bytes]]]:
+    """Each part as (name, filename, its data), in order; whatever of a part's data is not
+    consumed before the next part is asked for is skipped."""
     parser = MultipartParser(boundary)
 
     async def events() -> AsyncIterator[tuple[str, Any]]:
