@@ -6,6 +6,11 @@ Every policy replays the same schedule on the same backend, in its own fresh wor
 domain, through the same runtime. The run directory gets `<policy>/events.jsonl` for each
 policy, `summary.json` (rewritten after every policy, so an interrupted bench keeps what
 finished), `table.md` and the plots (`tenon report RUN_DIR` redraws them).
+
+`via` chooses how workflows reach the runtime: `Agent.run` in-process (`replay.driver`), or
+E2B sandboxes driven with the official SDK through the E2B-compatible server wrapped around
+the same runtime (`replay.via_e2b`, real backends only); `both` runs each policy both ways,
+the second as `<policy>@e2b`, so the API's cost shows side by side.
 """
 
 from __future__ import annotations

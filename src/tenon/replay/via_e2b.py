@@ -13,8 +13,9 @@ The server's added latency per command is the client's time for `commands.run` m
 runtime's own time for that action (`action_ready` to `action_done`), the k-th command of a
 sandbox matched with the k-th action of the agent of the same id. It also holds the
 runtime's after-action work (the restart-safe check, up to the `residency` event), which an
-in-process caller waits for as well; `api_overhead_net_*` leaves that out. Every SDK
-exception other than a command's own non-zero exit counts as an API error.
+in-process caller waits for as well; `api_overhead_net_*` leaves that out. Each command's
+client time is also in the event log (`api_command`). Every SDK exception other than a
+command's own non-zero exit counts as an API error.
 """
 
 from __future__ import annotations
@@ -266,7 +267,10 @@ async def _attempt(runtime: Runtime, endpoint: _Endpoint, sub: Submission, *, sp
             timeout_s = action_timeout_s(action, speed)
             began = time.monotonic()
             outcome = await _run(sandbox, command, envs, timeout_s, stats, record)
-            stats.commands.append((sandbox.sandbox_id, number, time.monotonic() - began))
+            client_s = time.monotonic() - began
+            stats.commands.append((sandbox.sandbox_id, number, client_s))
+            runtime.events.emit("api_command", agent_id=sandbox.sandbox_id, number=number,
+                                client_s=round(client_s, 5))
             if outcome is not None and (outcome.fails_attempt or outcome is Outcome.TIMEOUT):
                 return outcome
         return None
