@@ -232,6 +232,47 @@ class StdinPipe:
             self._waiter.set_exception(SandboxError("the command's stdin was closed"))
 
 
+class ActionPipes:
+    """An action's pipes: stdout and stderr (one pipe for both unless `separate`), and stdin
+    (/dev/null unless `stdin`). Leaving the block closes the child's ends, and the parent's
+    ends nobody took (spawning failed)."""
+
+    def __init__(self, *, separate: bool, stdin: bool) -> None:
+        self._fds: list[int] = []
+        self._out_r, self.child_out = self._pipe()
+        self._err_r, self.child_err = self._pipe() if separate else (-1, self.child_out)
+        self.child_stdin: int = asyncio.subprocess.DEVNULL
+        self._in_w = -1
+        if stdin:
+            self.child_stdin, self._in_w = self._pipe()
+
+    def _pipe(self) -> tuple[int, int]:
+        read_fd, write_fd = os.pipe()
+        self._fds += [read_fd, write_fd]
+        return read_fd, write_fd
+
+    def _take(self, fd: int) -> int:
+        self._fds.remove(fd)
+        return fd
+
+    def take_out(self) -> int:
+        return self._take(self._out_r)
+
+    def take_err(self) -> int:
+        return self._take(self._err_r)
+
+    def take_stdin(self) -> StdinPipe | None:
+        return StdinPipe(self._take(self._in_w)) if self._in_w >= 0 else None
+
+    def __enter__(self) -> ActionPipes:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -3,7 +3,9 @@
 `cgroup_parent=/<domain>` puts each container's cgroup at `<domain>/<container id>`
 (cgroupfs driver), so all it allocates is charged to the budget. Its init (docker-init +
 `sleep infinity`) only idles; each action is a fresh `sh -c` via `docker exec`, killed on
-timeout from the host (exec pid, descendants, anything with its TENON_EXEC_ID).
+timeout from the host (exec pid, descendants, anything with its TENON_EXEC_ID). With an
+`ExecIO` the exec keeps stdout and stderr apart (demuxed frames), attaches stdin to its
+socket when asked for, and is signalled from the host the same way.
 
 Isolation: the container and every action run as the sandbox's own unprivileged host uid
 (`sandbox.uids`; gid the same number, no user namespace, so per-user kernel limits such as

@@ -16,7 +16,11 @@ rebuild changes no owner.
 Actions enter the namespaces with `nsenter`, as fresh processes placed in the sandbox
 cgroup before they exec anything. Every sandbox process (the init and each action, right
 after nsenter joined the namespaces) starts through the seccomp helper (`sandbox.seccomp`),
-which loads the default filter and execs the command.
+which loads the default filter and execs the command. Without an `ExecIO` an action's
+stdout and stderr share one pipe and its stdin is /dev/null; with one, each stream has its
+own pipe, stdin is a pipe when asked for, and the action's cwd and variables are applied
+by a shell inside the sandbox (`_exec.CWD_ENV_SH`), never in the host-side helpers' root
+environment.
 
 `--die-with-parent` is set on purpose: a controller restart recovers agents from their
 committed records and rematerializes sandboxes, so a sandbox outliving the controller
@@ -49,6 +53,7 @@ from tenon.host.domain import SandboxCgroup, WorkloadDomain
 from tenon.sandbox import seccomp
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
+    ActionPipes,
     OutputBuffer,
     OutputCapture,
     StdinPipe,
@@ -349,47 +354,6 @@ def _init_pid(cgroup: SandboxCgroup, child_pid: int) -> int:
     raise SandboxDied(f"sandbox init under pid {child_pid} is gone")
 
 
-class _ActionPipes:
-    """An action's pipes: stdout and stderr (one pipe for both unless `separate`), and stdin
-    (/dev/null unless `stdin`). Leaving the block closes the child's ends, and the parent's
-    ends nobody took (spawning failed)."""
-
-    def __init__(self, *, separate: bool, stdin: bool) -> None:
-        self._fds: list[int] = []
-        self._out_r, self.child_out = self._pipe()
-        self._err_r, self.child_err = self._pipe() if separate else (-1, self.child_out)
-        self.child_stdin: int = asyncio.subprocess.DEVNULL
-        self._in_w = -1
-        if stdin:
-            self.child_stdin, self._in_w = self._pipe()
-
-    def _pipe(self) -> tuple[int, int]:
-        read_fd, write_fd = os.pipe()
-        self._fds += [read_fd, write_fd]
-        return read_fd, write_fd
-
-    def _take(self, fd: int) -> int:
-        self._fds.remove(fd)
-        return fd
-
-    def take_out(self) -> int:
-        return self._take(self._out_r)
-
-    def take_err(self) -> int:
-        return self._take(self._err_r)
-
-    def take_stdin(self) -> StdinPipe | None:
-        return StdinPipe(self._take(self._in_w)) if self._in_w >= 0 else None
-
-    def __enter__(self) -> _ActionPipes:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
-
-
 class _ProcessControl:
     """`ExecControl` of one running action; inert once the action's exec has returned."""
 
@@ -502,7 +466,7 @@ class ProcessSandbox:
         ])
         start = time.perf_counter()
         output = OutputBuffer(max_output_bytes)
-        with _ActionPipes(separate=io is not None, stdin=io is not None and io.stdin) as pipes:
+        with ActionPipes(separate=io is not None, stdin=io is not None and io.stdin) as pipes:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=pipes.child_stdin, stdout=pipes.child_out, stderr=pipes.child_err,
                 env=env, start_new_session=True,
