@@ -267,3 +267,12 @@ async def test_sigkill_while_the_gate_holds_the_sandbox_ends_it_once_thawed(sand
     await kill
     assert (await task).exit_code == -signal.SIGKILL
     assert sandbox.processes() == []
+
+
+async def test_a_command_that_ends_with_stdin_still_open_returns(sandbox):
+    streams = Streams(stdin=True)
+    result = await run(sandbox, "echo hi", streams)
+    assert result.exit_code == 0
+    assert b"".join(streams.stdout) == b"hi\n"
+    with pytest.raises(SandboxError):
+        await streams.starts[0].write_stdin(b"late")
