@@ -32,6 +32,24 @@ def sandbox(**kwargs: object) -> Iterator[Sandbox]:
             sbx.kill()
 
 
+def metadata_reaches_the_predictor(events_path: Path) -> None:
+    """`tenon.*` metadata names the agent's workflow, family and task for the predictor."""
+    import json
+
+    meta = {"tenon.task": "repo__issue-1", "tenon.family": "repo", "tenon.workflow": "wf-1"}
+    with sandbox(metadata=meta) as sbx:
+        sbx.commands.run("true", envs={"TENON_ACTION": "pytest -x", "SEEN": "1"})
+        assert sbx.commands.run("echo ${TENON_ACTION:-unset}").stdout == "unset\n"
+        events = [json.loads(line) for line in events_path.read_text().splitlines()]
+        start = next(e for e in events if e["kind"] == "workflow_start"
+                     and e["agent_id"] == sbx.sandbox_id)
+        assert (start["workflow"], start["family"], start["task"]) == ("wf-1", "repo",
+                                                                        "repo__issue-1")
+        ready = [e for e in events if e["kind"] == "action_ready"
+                 and e["agent_id"] == sbx.sandbox_id]
+        assert ready[0]["action_class"] == "test_runner", "classified by TENON_ACTION, not `true`"
+
+
 def lifecycle_and_metadata() -> None:
     with sandbox(template="base", timeout=120, metadata={"tenon.task": "t1", "who": "x"},
                  envs={"GREETING": "hello"}) as sbx:
@@ -89,9 +107,8 @@ def background_commands() -> None:
     with sandbox() as sbx:
         seen: list[str] = []
         # the sync client streams a background command's output while its handle waits
-        handle = sbx.commands.run("echo started; sleep 0.5; echo done", background=True,
-                                  on_stdout=seen.append)
-        result = handle.wait()
+        handle = sbx.commands.run("echo started; sleep 0.5; echo done", background=True)
+        result = handle.wait(on_stdout=seen.append)
         assert result.stdout == "started\ndone\n"
         assert result.exit_code == 0
         assert "".join(seen) == "started\ndone\n"

@@ -69,6 +69,11 @@ def test_scenario(server: ServerHandle, name: str) -> None:
             scenario()
 
 
+def test_metadata_reaches_the_predictor(server: ServerHandle) -> None:
+    with _sdk_env(server):
+        scenarios.metadata_reaches_the_predictor(server.state_dir / "events.jsonl")
+
+
 def test_bad_requests(server: ServerHandle) -> None:
     with _sdk_env(server):
         scenarios.bad_requests(server.url, server.api_key, backend=server.backend,

@@ -363,7 +363,7 @@ class Runtime:
             self.agents.pop(agent_id, None)
             raise
         self.events.emit("workflow_start", agent_id=agent_id, workflow=state.workflow,
-                         family=family, profile_peak_bytes=profile_peak_bytes,
+                         family=family, task=task, profile_peak_bytes=profile_peak_bytes,
                          waited_s=round(self.clock.now() - state.created_at, 4))
         return Agent(self, state)
 
