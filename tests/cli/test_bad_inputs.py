@@ -142,7 +142,28 @@ CASES = [
      ["--seconds", "finite"]),
     ("image-build-state-dir", lambda p: ["image", "build", "--state-dir", str(p["blocker"])],
      ["--state-dir"]),
+    ("serve-budget-word", lambda p: serve(p, "--budget", "lots"), ["--budget", "'lots'"]),
+    ("serve-listen-no-port", lambda p: serve(p, "--listen", "localhost"), ["--listen"]),
+    ("serve-state-dir-file", lambda p: serve(p, "--state-dir", str(p["blocker"])),
+     ["--state-dir", "not a directory"]),
+    ("serve-keys-file-missing", lambda p: serve(p, "--api-keys-file", str(p["tmp"] / "no")),
+     ["--api-keys-file"]),
+    ("serve-keys-file-empty", lambda p: serve(p, "--api-keys-file", str(p["blocker"].with_name(
+        "empty"))), ["--api-keys-file", "no key"]),
+    ("serve-set-unknown", lambda p: serve(p, "--set", "nope=1"), ["--set nope",
+                                                                  "unknown setting"]),
+    ("serve-max-file-word", lambda p: serve(p, "--max-file-size", "big"),
+     ["--max-file-size"]),
 ]
+
+
+def serve(paths: dict[str, Path], *extra: str) -> list[str]:
+    """`tenon serve` with a bad input: refused before any runtime opens."""
+    (paths["tmp"] / "empty").write_text("# no key here\n")
+    args = {"--budget": "1GiB", "--state-dir": str(paths["tmp"] / "serve")}
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        args[flag] = value
+    return ["serve", *[x for pair in args.items() for x in pair]]
 
 
 @pytest.mark.parametrize(("argv", "words"), [pytest.param(a, w, id=i) for i, a, w in CASES])
@@ -179,3 +200,27 @@ def test_a_good_input_still_runs(paths) -> None:
                                            "--json", str(paths["tmp"] / "r.json")))
     assert result.exit_code == 0, result.output
     assert json.loads((paths["tmp"] / "r.json").read_text())["policies"]
+
+
+@pytest.mark.sandbox
+def test_serve_on_a_taken_port_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    import socket
+
+    import os
+
+    before = set(Path("/sys/fs/cgroup/memory").glob("tenon-*"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "tenon.cli.main", "serve", "--budget", "1GiB",
+             "--state-dir", str(tmp_path / "serve"), "--image-dir", "/var/lib/tenon",
+             "--listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "TENON_API_KEYS": "k"})
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: cannot listen on 127.0.0.1:"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert set(Path("/sys/fs/cgroup/memory").glob("tenon-*")) <= before, "domain removed"

@@ -147,8 +147,12 @@ async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)  # what Server.serve() sets up
-        await server.startup()
-        if server.should_exit:  # the address was taken: uvicorn logged why
+        try:
+            await server.startup()
+        except SystemExit as exc:  # uvicorn exits when it cannot bind
+            raise ConfigError(f"cannot listen on {host}:{port} (in use, or not an address "
+                              "of this host)") from exc
+        if server.should_exit:
             raise ConfigError(f"cannot listen on {host}:{port}")
         bound = server.servers[0].sockets[0].getsockname()[1]
         try:
