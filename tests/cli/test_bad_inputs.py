@@ -204,9 +204,8 @@ def test_a_good_input_still_runs(paths) -> None:
 
 @pytest.mark.sandbox
 def test_serve_on_a_taken_port_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
-    import socket
-
     import os
+    import socket
 
     before = set(Path("/sys/fs/cgroup/memory").glob("tenon-*"))
     with socket.socket() as taken:
