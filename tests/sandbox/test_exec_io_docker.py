@@ -216,7 +216,10 @@ async def test_a_signal_the_shell_handles_leaves_it_running(sandbox):
 
 async def test_timeout_with_streams_kills_the_tree(sandbox):
     streams = Streams(stdin=True)
-    result = await run(sandbox, TREE_COMMAND, streams, timeout_s=0.5)
+    task = run(sandbox, TREE_COMMAND, streams, timeout_s=3.0)
+    await streams.until("stdout", b"started\n")
+    await both_sleeps_run(sandbox)
+    result = await task
     assert result.timed_out
     assert result.exit_code < 0
     assert b"".join(streams.stdout) == b"started\n"

@@ -90,7 +90,8 @@ async def kill_action(
         # their environ: wait for every pid ever seen to be reaped, not just the visible ones.
         if not inside and not any(map(procs.exists, seen)):
             break
-        procs.kill_pids({p for p in inside if procs.is_alive(p)}, signal.SIGKILL)
+        # parents first: a shell killed after its children could exit normally in between
+        procs.kill_pids(parents_first(p for p in inside if procs.is_alive(p)), signal.SIGKILL)
         if loop.time() > deadline:
             logger.warning("action %s: pids %s survived SIGKILL", exec_id, sorted(pids))
             break
@@ -311,6 +312,11 @@ def signal_action(root_pid: int, candidates: Iterable[int], exec_id: str, signum
     normally in between); returns the pids hit."""
     pids = {p for p in action_pids(root_pid, candidates, exec_id) - exclude
             if procs.is_alive(p)}
+    return procs.kill_pids(parents_first(pids), signum)
+
+
+def parents_first(pids: Iterable[int]) -> list[int]:
+    """`pids` ordered so that each comes after its ancestors among them."""
     parents = {pid: info.ppid for pid in pids if (info := procs.process_info(pid))}
 
     def depth(pid: int) -> int:
@@ -319,7 +325,7 @@ def signal_action(root_pid: int, candidates: Iterable[int], exec_id: str, signum
             seen += 1
         return seen
 
-    return procs.kill_pids(sorted(pids, key=lambda p: (depth(p), p)), signum)
+    return sorted(parents, key=lambda p: (depth(p), p))
 
 
 async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,
