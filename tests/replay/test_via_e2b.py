@@ -124,6 +124,9 @@ async def test_replay_via_e2b_runs_every_action_as_in_process(tmp_path: Path) ->
         assert isinstance(e2b[key], float)
     assert e2b["api_overhead_p50_ms"] <= e2b["api_overhead_p99_ms"]
     assert "api_overhead_p50_ms" not in inproc
+    for result in (inproc, e2b):  # how busy the loop was, for comparing the two
+        assert isinstance(result["loop_lag_p50_ms"], float)
+        assert result["loop_lag_p50_ms"] <= result["loop_lag_p99_ms"]
     assert summary["meta"]["via"] == "both"
 
 

@@ -45,7 +45,7 @@ from tenon.replay.schedule import (
     oversubscription,
 )
 from tenon.replay.trace import Trace, load_trace
-from tenon.replay.via_e2b import check_via
+from tenon.replay.via_e2b import LoopLag, check_via
 from tenon.runtime.boundary import BoundaryTally
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
@@ -155,8 +155,10 @@ async def run_policy(
     # disposable, so it is charged to the sandbox and dropped at teardown, as recorded.
     kwargs["backend_config"] = {"disposable": [SCRATCH_DIR]}
     api: dict[str, Any] = {}
+    lag = LoopLag()
     async with open_runtime(budget_bytes=config.budget_bytes, backend=config.backend,
-                            state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt:
+                            state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt, \
+            lag.running():
         if via_e2b:
             from tenon.replay.via_e2b import replay_via_e2b
 
@@ -168,7 +170,7 @@ async def run_policy(
             records = await replay(rt, submissions, speed=config.speed,
                                    max_retries=config.max_retries, on_done=on_done)
         peak = rt.domain.reading().peak_bytes
-    return {**summarize(records, peak, rt.boundary.tally), **api}
+    return {**summarize(records, peak, rt.boundary.tally), **lag.summary(), **api}
 
 
 def runs_of(config: BenchConfig) -> list[tuple[str, str, bool]]:

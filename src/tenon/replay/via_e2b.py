@@ -26,7 +26,7 @@ import logging
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,35 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 3)
+
+
+class LoopLag:
+    """How late the event loop runs a task that sleeps `period_s`, sampled for as long as
+    the block runs: a saturated loop delays every reply the server sends as much."""
+
+    def __init__(self, period_s: float = 0.05) -> None:
+        self.period_s = period_s
+        self.lags_s: list[float] = []
+
+    async def _probe(self) -> None:
+        while True:
+            began = time.monotonic()
+            await asyncio.sleep(self.period_s)
+            self.lags_s.append(max(time.monotonic() - began - self.period_s, 0.0))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[LoopLag]:
+        task = asyncio.ensure_future(self._probe())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def summary(self) -> dict[str, float | None]:
+        return {"loop_lag_p50_ms": _ms(percentile(self.lags_s, 50)),
+                "loop_lag_p99_ms": _ms(percentile(self.lags_s, 99))}
 
 
 @dataclass(frozen=True)
