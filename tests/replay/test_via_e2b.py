@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tenon.cli.main import app
 from tenon.replay.bench import BenchConfig, run_bench
+from tenon.replay.e2b_client import outcome_of_exit
 from tenon.replay.trace import (
     Action,
     Memory,
@@ -24,13 +25,7 @@ from tenon.replay.trace import (
     make_header,
     write_trace,
 )
-from tenon.replay.via_e2b import (
-    ActionTimes,
-    ApiStats,
-    outcome_of_exit,
-    overhead_summary,
-    percentile,
-)
+from tenon.replay.via_e2b import ActionTimes, ApiStats, overhead_summary, percentile
 from tenon.runtime.results import Outcome
 
 MIB = 1 << 20
@@ -175,7 +170,7 @@ def test_overhead_matches_commands_to_actions_by_sandbox_and_order() -> None:
     stats = ApiStats(commands=[("s1", 1, 0.504), ("s1", 2, 2.003), ("s2", 1, 2.010),
                                ("s2", 2, 0.1),  # its action never ended: not matched
                                ("s3", 1, 0.2)])  # no action of that sandbox
-    stats.error("kill", RuntimeError("gone"))
+    stats.error("kill: RuntimeError: gone")
     summary = overhead_summary(stats, times)
     assert summary["api_commands"] == 5
     assert summary["api_commands_matched"] == 3

@@ -1,29 +1,28 @@
 """Replays a schedule through the front door: each workflow is an E2B sandbox driven with the
 official SDK's async client against the E2B-compatible server wrapped around the runtime.
 
-The same schedule, steps, retries and records as `driver.replay`: a workflow attempt is one
-sandbox (created with the workflow's `tenon.*` metadata, so the predictor and the
-peak-reserving baselines see what `Agent.run` would hand them), each step the model wait
-then one `commands.run` of the load program, its environment naming the command it stands
-for and its action class; the sandbox is killed at the end of the attempt. A command's end
-event says how it ended (`service.sessions._ended_of_action`): an OOM kill, a lost sandbox
-or a timeout fails the attempt as in-process; a plain non-zero exit does not.
+The server runs on this event loop over the open runtime; the clients run in a child
+process (`replay.e2b_client`), apart from the server as real E2B clients are, with the same
+schedule, steps, retries and records as `driver.replay`. The child reports each command,
+API error, failed attempt and finished workflow as a JSON line; they become this runtime's
+events (`api_command`, `attempt_failed`, `workflow_done`) and the replay's records.
 
 The server's added latency per command is the client's time for `commands.run` minus the
 runtime's own time for that action (`action_ready` to `action_done`), the k-th command of a
 sandbox matched with the k-th action of the agent of the same id. It also holds the
 runtime's after-action work (the restart-safe check, up to the `residency` event), which an
-in-process caller waits for as well; `api_overhead_net_*` leaves that out. Each command's
-client time is also in the event log (`api_command`). Every SDK exception other than a
-command's own non-zero exit counts as an API error.
+in-process caller waits for as well; `api_overhead_net_*` leaves that out. Every SDK
+exception other than a command's own non-zero exit counts as an API error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,21 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tenon.errors import ConfigError
-from tenon.replay.driver import WorkflowRecord, action_command, action_timeout_s
+from tenon.errors import ConfigError, TenonError
+from tenon.replay.driver import WorkflowRecord
 from tenon.replay.schedule import Submission, own_length_s
 from tenon.runtime.controller import Runtime
-from tenon.runtime.results import Outcome
 
 logger = logging.getLogger(__name__)
 
 VIA_CHOICES = ("inproc", "e2b", "both")
-SANDBOX_TIMEOUT_S = 86_400  # outlives any attempt; each is killed when it ends
-REQUEST_TIMEOUT_S = 300.0  # control-plane calls and opening a command's stream, under load
-# what the server's end event says (service.sessions._ended_of_action, commands.ended_from)
-TIMED_OUT_ERROR = "command timed out"
-OOM_ERROR_PREFIX = "OOM kill"
-LOST_STATUS = "error"
+STDERR_TAIL_BYTES = 2000  # of a client process that failed, in the error
 
 
 def check_via(via: str, backend: str) -> None:
@@ -104,10 +97,10 @@ class ApiStats:
     num_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def error(self, what: str, exc: BaseException) -> None:
+    def error(self, message: str) -> None:
         self.num_errors += 1
         if len(self.errors) < 20:  # the summary keeps a sample, the count is complete
-            self.errors.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
+            self.errors.append(message)
 
 
 def overhead_summary(stats: ApiStats, times: ActionTimes) -> dict[str, Any]:
@@ -179,29 +172,20 @@ class LoopLag:
                 "loop_lag_p99_ms": _ms(percentile(self.lags_s, 99))}
 
 
-@dataclass(frozen=True)
-class _Endpoint:
-    url: str
-    api_key: str
-
-    def opts(self) -> dict[str, Any]:
-        return {"api_url": self.url, "sandbox_url": self.url, "api_key": self.api_key,
-                "request_timeout": REQUEST_TIMEOUT_S}
-
-
 @contextlib.asynccontextmanager
-async def front_door(runtime: Runtime, image: str, image_dir: Path,
-                     backend: str) -> Any:
+async def front_door(runtime: Runtime, image: str, image_dir: Path
+                     ) -> AsyncIterator[tuple[str, str]]:
     """The E2B-compatible server over `runtime` on this loop (a fresh sessions store, a
-    fresh key, loopback, any free port); yields the endpoint."""
+    fresh key, loopback, any free port); yields its URL and key."""
     from tenon.service.server import image_root_for, serving
 
     key = f"e2b_{secrets.token_hex(16)}"
     with tempfile.TemporaryDirectory(prefix="tenon-via-e2b-") as store:
         async with serving(runtime, Path(store), api_keys=[key], host="127.0.0.1", port=0,
-                           image=image, image_root=image_root_for(backend, image_dir)
+                           image=image,
+                           image_root=image_root_for(runtime.backend.name, image_dir)
                            ) as url:
-            yield _Endpoint(url, key)
+            yield url, key
 
 
 async def replay_via_e2b(
@@ -214,132 +198,82 @@ async def replay_via_e2b(
     on_done: Callable[[WorkflowRecord], None] | None = None,
 ) -> tuple[list[WorkflowRecord], dict[str, Any]]:
     """Run every submission through the E2B API (concurrently, each at its submit time);
-    one record each, and the API's overhead figures (`overhead_summary`)."""
+    one record each, in the order given, and the API's overhead figures
+    (`overhead_summary`). TenonError when the client process fails."""
+    from tenon.replay.e2b_client import ClientSpec
+
     image = single_image(submissions)
     times = ActionTimes()
-    unsubscribe = runtime.events.subscribe(times.observe)
     stats = ApiStats()
+    unsubscribe = runtime.events.subscribe(times.observe)
+    records: dict[str, WorkflowRecord] = {}
     try:
-        async with front_door(runtime, image, image_dir, runtime.backend.name) as endpoint:
-            records = await _replay(runtime, endpoint, submissions, speed=speed,
-                                    max_retries=max_retries, on_done=on_done, stats=stats)
+        async with front_door(runtime, image, image_dir) as (url, key):
+            spec = ClientSpec(url, key, speed, max_retries, runtime.clock.now(),
+                              list(submissions))
+            with tempfile.NamedTemporaryFile("w", prefix="tenon-e2b-client-",
+                                             suffix=".json") as spec_file:
+                spec_file.write(spec.to_json())
+                spec_file.flush()
+                await _run_clients(runtime, Path(spec_file.name), stats, records,
+                                   on_done, {s.instance: s for s in submissions}, speed)
     finally:
         unsubscribe()
-    return records, overhead_summary(stats, times)
+    missing = [s.instance for s in submissions if s.instance not in records]
+    if missing:
+        raise TenonError(f"the E2B client process reported no result for {len(missing)} "
+                         f"workflows (first {missing[0]})")
+    return [records[s.instance] for s in submissions], overhead_summary(stats, times)
 
 
-async def _replay(runtime: Runtime, endpoint: _Endpoint, submissions: Sequence[Submission],
-                  *, speed: float, max_retries: int,
-                  on_done: Callable[[WorkflowRecord], None] | None,
-                  stats: ApiStats) -> list[WorkflowRecord]:
-    clock = runtime.clock
-    start = clock.now()
-    records = [WorkflowRecord(s.instance, s.submit_s) for s in submissions]
-
-    async def one(sub: Submission, record: WorkflowRecord) -> None:
-        await clock.sleep(max(sub.submit_s - (clock.now() - start), 0.0))
-        try:
-            while record.attempts <= max_retries and not record.completed:
-                record.attempts += 1
-                outcome = await _attempt(runtime, endpoint, sub, speed=speed, stats=stats,
-                                         record=record)
-                if outcome is None:
-                    record.completed = True
-                    break
-                record.failed_attempts += 1
-                record.oom_events += outcome is Outcome.OOM_KILLED
-                record.timeouts += outcome is Outcome.TIMEOUT
-                runtime.events.emit("attempt_failed", workflow=sub.instance,
-                                    attempt=record.attempts, outcome=outcome.value)
-        finally:
-            record.end_s = clock.now() - start
-            runtime.events.emit("workflow_done", workflow=sub.instance,
-                                completed=record.completed, attempts=record.attempts,
-                                latency_s=round(record.latency_s, 4),
-                                own_s=round(own_length_s(sub.workflow, speed), 4))
-            if on_done is not None:
-                on_done(record)
-
-    await asyncio.gather(*(one(s, r) for s, r in zip(submissions, records, strict=True)))
-    return records
-
-
-def _metadata(sub: Submission) -> dict[str, str]:
-    from tenon.service.sessions import FAMILY_KEY, PROFILE_PEAK_KEY, TASK_KEY, WORKFLOW_KEY
-
-    workflow = sub.workflow
-    return {WORKFLOW_KEY: sub.instance, TASK_KEY: workflow.task, FAMILY_KEY: workflow.family,
-            PROFILE_PEAK_KEY: str(workflow.profiled_peak_bytes)}
-
-
-async def _attempt(runtime: Runtime, endpoint: _Endpoint, sub: Submission, *, speed: float,
-                   stats: ApiStats, record: WorkflowRecord) -> Outcome | None:
-    """One attempt of the whole workflow in a fresh sandbox; None when it completed, else
-    what failed it (a sandbox the API would not create or lost: SANDBOX_DIED)."""
-    from e2b import AsyncSandbox
-
-    from tenon.service.sessions import ACTION_CLASS_ENV, ACTION_ENV
-
+async def _run_clients(runtime: Runtime, spec_path: Path, stats: ApiStats,
+                       records: dict[str, WorkflowRecord],
+                       on_done: Callable[[WorkflowRecord], None] | None,
+                       by_instance: dict[str, Submission], speed: float) -> None:
+    """Run the client process to its end, turning its lines into events and records; it
+    is killed (by its pid) when this is cancelled."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tenon.replay.e2b_client", str(spec_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        limit=1 << 20)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    stderr = asyncio.ensure_future(proc.stderr.read())
     try:
-        sandbox = await AsyncSandbox.create(timeout=SANDBOX_TIMEOUT_S, metadata=_metadata(sub),
-                                            **endpoint.opts())
-    except Exception as exc:  # noqa: BLE001 - every API failure is counted and retried
-        stats.error("create", exc)
-        record.errors.append(f"create: {exc}")
-        return Outcome.SANDBOX_DIED
-    try:
-        for number, step in enumerate(sub.workflow.steps, 1):
-            await runtime.clock.sleep(step.model_wait_s / speed)
-            action = step.action
-            command = action_command(action, speed=speed, sim=False)
-            envs = {ACTION_ENV: action.command, ACTION_CLASS_ENV: action.action_class}
-            timeout_s = action_timeout_s(action, speed)
-            began = time.monotonic()
-            outcome = await _run(sandbox, command, envs, timeout_s, stats, record)
-            client_s = time.monotonic() - began
-            stats.commands.append((sandbox.sandbox_id, number, client_s))
-            runtime.events.emit("api_command", agent_id=sandbox.sandbox_id, number=number,
-                                client_s=round(client_s, 5))
-            if outcome is not None and (outcome.fails_attempt or outcome is Outcome.TIMEOUT):
-                return outcome
-        return None
+        async for line in proc.stdout:
+            _take(runtime, json.loads(line), stats, records, on_done, by_instance, speed)
+        await proc.wait()
     finally:
-        try:
-            await sandbox.kill()
-        except Exception as exc:  # noqa: BLE001 - counted; the attempt's outcome stands
-            stats.error("kill", exc)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        errors = (await stderr).decode(errors="replace")
+    if proc.returncode != 0:
+        raise TenonError(f"the E2B client process exited with {proc.returncode}: "
+                         f"{errors[-STDERR_TAIL_BYTES:].strip()}")
 
 
-async def _run(sandbox: Any, command: str, envs: dict[str, str], timeout_s: float,
-               stats: ApiStats, record: WorkflowRecord) -> Outcome | None:
-    """One command; None when it exited 0, else its outcome as the in-process driver
-    counts it."""
-    from e2b import CommandExitException, TimeoutException
-
-    try:
-        await sandbox.commands.run(command, envs=envs, timeout=timeout_s,
-                                   request_timeout=REQUEST_TIMEOUT_S)
-    except CommandExitException as exc:
-        return outcome_of_exit(exc.exit_code, exc.error)
-    except TimeoutException as exc:
-        # the server times the action out with the client's deadline, which the client
-        # reaches first: the action timed out
-        record.errors.append(f"command: {exc}")
-        return Outcome.TIMEOUT
-    except Exception as exc:  # noqa: BLE001 - an API failure mid-attempt loses the sandbox
-        stats.error("command", exc)
-        record.errors.append(f"command: {exc}")
-        return Outcome.SANDBOX_DIED
-    return None
-
-
-def outcome_of_exit(exit_code: int, error: str | None) -> Outcome:
-    """A non-zero end event as the runtime's outcome: the server's error names an OOM kill,
-    a timeout or a lost sandbox; anything else is the command's own failure."""
-    if error is not None:
-        if error.startswith(OOM_ERROR_PREFIX):
-            return Outcome.OOM_KILLED
-        if error == TIMED_OUT_ERROR:
-            return Outcome.TIMEOUT
-        return Outcome.SANDBOX_DIED
-    return Outcome.ERROR
+def _take(runtime: Runtime, line: dict[str, Any], stats: ApiStats,
+          records: dict[str, WorkflowRecord],
+          on_done: Callable[[WorkflowRecord], None] | None,
+          by_instance: dict[str, Submission], speed: float) -> None:
+    kind = line.pop("kind")
+    if kind == "command":
+        stats.commands.append((line["sandbox_id"], int(line["number"]),
+                               float(line["client_s"])))
+        runtime.events.emit("api_command", agent_id=line["sandbox_id"],
+                            number=line["number"], client_s=round(line["client_s"], 5))
+    elif kind == "api_error":
+        stats.error(line["message"])
+    elif kind == "attempt_failed":
+        runtime.events.emit("attempt_failed", **line)
+    elif kind == "record":
+        record = WorkflowRecord(**line)
+        records[record.instance] = record
+        runtime.events.emit("workflow_done", workflow=record.instance,
+                            completed=record.completed, attempts=record.attempts,
+                            latency_s=round(record.latency_s, 4),
+                            own_s=round(own_length_s(by_instance[record.instance].workflow,
+                                                     speed), 4))
+        if on_done is not None:
+            on_done(record)
