@@ -115,7 +115,7 @@ async def test_replay_via_e2b_runs_every_action_as_in_process(tmp_path: Path) ->
     assert e2b["api_commands"] == e2b["api_commands_matched"] == 7
     assert e2b["api_errors"] == 0
     for key in ("api_overhead_p50_ms", "api_overhead_p99_ms", "api_overhead_net_p50_ms",
-                "api_overhead_net_p99_ms"):
+                "api_overhead_net_p99_ms", "client_loop_lag_p50_ms", "client_loop_lag_p99_ms"):
         assert isinstance(e2b[key], float)
     assert e2b["api_overhead_p50_ms"] <= e2b["api_overhead_p99_ms"]
     assert "api_overhead_p50_ms" not in inproc

@@ -13,7 +13,8 @@ timeout fails the attempt, as in-process; a plain non-zero exit does not.
 What happens is written to stdout as JSON lines, flushed one by one: `command` (sandbox id,
 its number in the sandbox, the client's seconds for `commands.run`), `api_error` (any SDK
 exception other than a command's own non-zero exit), `attempt_failed` and `record` (a
-workflow's `WorkflowRecord` once it is done).
+workflow's `WorkflowRecord` once it is done), and at the end `client_lag` (how late the
+client's own event loop ran: a saturated client delays what it observes).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from tenon.replay.driver import WorkflowRecord, action_command, action_timeout_s
 from tenon.replay.schedule import Submission
 from tenon.replay.trace import Workflow
+from tenon.replay.via_e2b import LoopLag
 from tenon.runtime.results import Outcome
 from tenon.service.sessions import (
     ACTION_CLASS_ENV,
@@ -122,7 +124,10 @@ async def replay(spec: ClientSpec) -> None:
             record.end_s = time.monotonic() - spec.start
             _say("record", **dataclasses.asdict(record))
 
-    await asyncio.gather(*(one(s) for s in spec.submissions))
+    lag = LoopLag()
+    async with lag.running():
+        await asyncio.gather(*(one(s) for s in spec.submissions))
+    _say("client_lag", **{f"client_{k}": v for k, v in lag.summary().items()})
 
 
 async def _attempt(spec: ClientSpec, sub: Submission, record: WorkflowRecord

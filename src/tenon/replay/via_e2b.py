@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
+import os
 import secrets
 import sys
 import tempfile
@@ -34,8 +34,6 @@ from tenon.errors import ConfigError, TenonError
 from tenon.replay.driver import WorkflowRecord
 from tenon.replay.schedule import Submission, own_length_s
 from tenon.runtime.controller import Runtime
-
-logger = logging.getLogger(__name__)
 
 VIA_CHOICES = ("inproc", "e2b", "both")
 STDERR_TAIL_BYTES = 2000  # of a client process that failed, in the error
@@ -91,11 +89,13 @@ class ActionTimes:
 
 @dataclass
 class ApiStats:
-    """Per command: (sandbox id, its number in the sandbox, client seconds); API errors."""
+    """Per command: (sandbox id, its number in the sandbox, client seconds); API errors;
+    the client's loop lag (`client_loop_lag_p50_ms`, `_p99_ms`)."""
 
     commands: list[tuple[str, int, float]] = field(default_factory=list)
     num_errors: int = 0
     errors: list[str] = field(default_factory=list)
+    client_lag: dict[str, Any] = field(default_factory=dict)  # the client's loop lag
 
     def error(self, message: str) -> None:
         self.num_errors += 1
@@ -125,6 +125,7 @@ def overhead_summary(stats: ApiStats, times: ActionTimes) -> dict[str, Any]:
         "api_overhead_p99_ms": _ms(percentile(gross, 99)),
         "api_overhead_net_p50_ms": _ms(percentile(net, 50)),
         "api_overhead_net_p99_ms": _ms(percentile(net, 99)),
+        **stats.client_lag,
         "api_errors": stats.num_errors,
         "api_error_samples": stats.errors,
     }
@@ -232,10 +233,12 @@ async def _run_clients(runtime: Runtime, spec_path: Path, stats: ApiStats,
                        by_instance: dict[str, Submission], speed: float) -> None:
     """Run the client process to its end, turning its lines into events and records; it
     is killed (by its pid) when this is cancelled."""
+    # a native crash in the client says where: Python's stacks, glibc's message on stderr
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "LIBC_FATAL_STDERR_": "1"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tenon.replay.e2b_client", str(spec_path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        limit=1 << 20)
+        limit=1 << 20, env=env)
     assert proc.stdout is not None
     assert proc.stderr is not None
     stderr = asyncio.ensure_future(proc.stderr.read())
@@ -265,6 +268,8 @@ def _take(runtime: Runtime, line: dict[str, Any], stats: ApiStats,
                             number=line["number"], client_s=round(line["client_s"], 5))
     elif kind == "api_error":
         stats.error(line["message"])
+    elif kind == "client_lag":
+        stats.client_lag = line
     elif kind == "attempt_failed":
         runtime.events.emit("attempt_failed", **line)
     elif kind == "record":
