@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -194,6 +195,11 @@ def _api_error(what: str, exc: BaseException, record: WorkflowRecord) -> None:
 def main() -> None:
     spec = ClientSpec.from_json(Path(sys.argv[1]).read_text())
     asyncio.run(replay(spec))
+    sys.stdout.flush()
+    # Everything is reported: leave without the interpreter's finalization, in which the
+    # SDK's native HTTP transport now and then aborts the process (SIGABRT, no Python
+    # frame) after the replay has finished.
+    os._exit(0)
 
 
 if __name__ == "__main__":
