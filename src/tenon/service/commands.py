@@ -67,6 +67,7 @@ class Command:
         self._subscribers: set[asyncio.Queue[Event]] = set()
         self._control: ExecControl | None = None
         self._pending_input: list[bytes | None] = []  # None: close stdin
+        self._drainer: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
 
@@ -125,32 +126,37 @@ class Command:
 
     def _on_start(self, control: ExecControl) -> None:
         self._control = control
-        if self._pending_input:
-            pending, self._pending_input = self._pending_input, []
-            asyncio.ensure_future(self._flush(control, pending))
+        self._drain_input()
 
-    @staticmethod
-    async def _flush(control: ExecControl, pending: list[bytes | None]) -> None:
-        for item in pending:
-            with contextlib.suppress(Exception):
+    def _drain_input(self) -> None:
+        """Deliver queued input in order, by one task at a time (a close never overtakes a
+        write queued before it)."""
+        if self._control is None or not self._pending_input:
+            return
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.ensure_future(self._drain(self._control))
+
+    async def _drain(self, control: ExecControl) -> None:
+        while self._pending_input:
+            item = self._pending_input.pop(0)
+            try:
                 if item is None:
                     await control.close_stdin()
                 else:
                     await control.write_stdin(item)
+            except Exception as exc:  # noqa: BLE001 - the command ended; its input is moot
+                logger.debug("stdin of process %d: %s", self.pid, exc)
+                self._pending_input.clear()
 
     async def write_stdin(self, data: bytes) -> None:
         if not self.spec.stdin:
             raise ValueError(f"process {self.pid} was started without stdin")
-        if self._control is None:
-            self._pending_input.append(data)
-        else:
-            await self._control.write_stdin(data)
+        self._pending_input.append(data)
+        self._drain_input()
 
     async def close_stdin(self) -> None:
-        if self._control is None:
-            self._pending_input.append(None)
-        else:
-            await self._control.close_stdin()
+        self._pending_input.append(None)
+        self._drain_input()
 
     async def signal(self, signum: int) -> None:
         if self._control is not None:

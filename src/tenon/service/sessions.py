@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tenon.errors import NotBusy, SandboxError, TenonError
 from tenon.runtime.controller import Agent, Runtime, meter_of
@@ -53,10 +54,30 @@ class Session:
     agent: Agent | None
     unavailable: str | None = None
     commands: CommandTable = field(default_factory=CommandTable)
+    pending: asyncio.Task[Any] | None = None
+    """The agent's last action while it runs or finishes its boundary."""
 
     @property
     def sandbox_id(self) -> str:
         return self.record.sandbox_id
+
+    async def settled(self) -> None:
+        """Wait until the agent's last action has finished its boundary."""
+        while self.pending is not None and not self.pending.done():
+            pending = self.pending
+            try:
+                await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if not pending.done():
+                    raise  # this caller was cancelled, not the action
+            except Exception:  # noqa: BLE001,S110 - the action's own caller reports its failure
+                pass
+
+    def forget_pending(self, task: asyncio.Task[Any]) -> None:
+        if self.pending is task:
+            self.pending = None
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("action of sandbox %s: %s", self.sandbox_id, task.exception())
 
 
 class SessionManager:
@@ -99,6 +120,7 @@ class SessionManager:
         await asyncio.gather(*self._prewarms, return_exceptions=True)
         for session in self.sessions.values():
             await session.commands.kill_all()
+            await session.settled()
         self._store.close()
 
     async def _agent_for(self, record: SandboxRecord) -> tuple[Agent | None, str | None]:
@@ -155,6 +177,7 @@ class SessionManager:
         session = self.get(sandbox_id)
         del self.sessions[sandbox_id]
         await session.commands.kill_all()
+        await session.settled()
         if session.agent is not None:
             await session.agent.close()
         self._store.delete(sandbox_id)
@@ -173,6 +196,7 @@ class SessionManager:
             return False
         session.record.paused = True
         self._store.put(session.record)
+        await session.settled()
         if session.agent is not None and not session.commands.busy:
             reason = await self.runtime.teardown_now(sandbox_id)
             if reason is not None:
@@ -252,8 +276,12 @@ class SessionManager:
 
     async def run_command(self, session: Session, command: Command, io: ExecIO,
                           timeout_s: float) -> Ended:
-        """Run one client command: the agent's next action, or alongside the action in
-        flight when another command of the sandbox runs."""
+        """Run one client command: alongside the action in flight when another command of
+        the sandbox still runs, else the agent's next action.
+
+        The client has its answer once the action's outcome is known; Tenon finishes the
+        boundary (the restart-safe check, the records) meanwhile, and the sandbox's next
+        action, pause or kill waits for that (`Session.pending`)."""
         if session.agent is None:
             raise SandboxUnavailable(session.unavailable or f"{session.sandbox_id} is lost")
         agent = session.agent
@@ -264,21 +292,41 @@ class SessionManager:
         io.env = env
         line = command.spec.shell_line()
         while True:
+            if any(c is not command for c in session.commands.running.values()):
+                try:
+                    result = await agent.run_alongside(line, timeout=timeout_s, io=io,
+                                                       max_output_bytes=4096)
+                    return ended_from(result.exit_code, timed_out=result.timed_out)
+                except NotBusy:
+                    pass
+            await session.settled()
+            if session.pending is not None and not session.pending.done():
+                continue  # another command took the turn meanwhile
+            outcome: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
+
+            def answer(kind: str, exit_code: int, outcome: asyncio.Future[Ended] = outcome
+                       ) -> None:
+                if not outcome.done():
+                    outcome.set_result(_ended_of_action(Outcome(kind), exit_code, ""))
+
+            io.on_outcome = answer
+            task = asyncio.ensure_future(agent.run(
+                line, timeout=timeout_s, io=io, max_output_bytes=4096,
+                issued_command=issued, action_class=action_class))
+            session.pending = task
+            task.add_done_callback(session.forget_pending)
             try:
-                result = await agent.run_alongside(line, timeout=timeout_s, io=io,
-                                                   max_output_bytes=4096)
-                return ended_from(result.exit_code, timed_out=result.timed_out)
-            except NotBusy:
-                pass
+                either: set[asyncio.Future[Any]] = {task, outcome}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                task.cancel()  # the client's command is killed: so is the action
+                raise
+            if outcome.done():
+                return outcome.result()
             try:
-                action = await agent.run(line, timeout=timeout_s, io=io, max_output_bytes=4096,
-                                         issued_command=issued, action_class=action_class)
+                action = task.result()
             except WorkflowFailed as exc:
                 raise SandboxUnavailable(str(exc)) from exc
-            except SandboxError as exc:
-                if "already runs an action" in str(exc):
-                    continue  # another command became the action first: join it
-                raise
             return _ended_of_action(action.outcome, action.exit_code, action.output)
 
     @contextlib.asynccontextmanager
