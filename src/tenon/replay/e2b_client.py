@@ -39,6 +39,7 @@ from tenon.service.sessions import (
     ACTION_ENV,
     FAMILY_KEY,
     PROFILE_PEAK_KEY,
+    PROMPT_KEY,
     TASK_KEY,
     WORKFLOW_KEY,
 )
@@ -99,8 +100,11 @@ def outcome_of_exit(exit_code: int, error: str | None) -> Outcome:
 
 def metadata_of(sub: Submission) -> dict[str, str]:
     workflow = sub.workflow
-    return {WORKFLOW_KEY: sub.instance, TASK_KEY: workflow.task, FAMILY_KEY: workflow.family,
+    meta = {WORKFLOW_KEY: sub.instance, TASK_KEY: workflow.task, FAMILY_KEY: workflow.family,
             PROFILE_PEAK_KEY: str(workflow.profiled_peak_bytes)}
+    if workflow.task_prompt:
+        meta[PROMPT_KEY] = workflow.task_prompt
+    return meta
 
 
 async def replay(spec: ClientSpec) -> None:

@@ -39,6 +39,7 @@ MAX_TIMEOUT_S = 30 * 24 * 3600
 TIMER_PERIOD_S = 0.5
 # Metadata keys a client sets to inform Tenon's predictor (E2B carries them unchanged).
 TASK_KEY, FAMILY_KEY, WORKFLOW_KEY = "tenon.task", "tenon.family", "tenon.workflow"
+PROMPT_KEY = "tenon.task_prompt"  # the task's text, for predictors that read it
 PROFILE_PEAK_KEY = "tenon.profile_peak_bytes"  # the peak-reserving baselines need it
 # A command's environment may name the command it stands for (a wrapper's real command) and
 # its action class; both go to the predictor, neither into the sandbox.
@@ -138,7 +139,7 @@ class SessionManager:
         return await self.runtime.create_agent(
             image=self.templates[record.template], agent_id=record.sandbox_id,
             family=meta.get(FAMILY_KEY), task=meta.get(TASK_KEY),
-            workflow=meta.get(WORKFLOW_KEY),
+            workflow=meta.get(WORKFLOW_KEY), task_prompt=meta.get(PROMPT_KEY),
             profile_peak_bytes=int(peak) if peak and peak.isdigit() else None)
 
     # -- the control plane -----------------------------------------------------------
