@@ -235,6 +235,10 @@ def bad_requests(url: str, api_key: str, *, backend: str, max_file_bytes: int) -
         with pytest.raises(SandboxException):  # `..` cannot climb out of a directory
             sbx.files.write("/workspace/../../../etc/tenon-dotdot", "x")
         assert not Path("/etc/tenon-dotdot").exists()
+        # what this server does not offer is refused by name, not a bare 404
+        r = httpx.post(f"{url}/sandboxes/{sbx.sandbox_id}/fork", headers=headers)
+        assert r.status_code == 501
+        assert "forking a sandbox is not offered" in r.json()["message"]
         # the wrong sandbox token
         r = httpx.get(f"{url}/files", params={"path": "/workspace"},
                       headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "wrong"})

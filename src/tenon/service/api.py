@@ -178,7 +178,36 @@ def control_plane(sessions: SessionManager) -> APIRouter:
         return created(await sessions.resume(
             sandbox_id, timeout if isinstance(timeout, int) else None))
 
+    for method, path, what in NOT_OFFERED:
+        router.add_api_route(path, _not_offered(what), methods=[method],
+                             include_in_schema=False)
     return router
+
+
+# E2B API calls this server answers with an explicit refusal rather than a bare 404.
+NOT_OFFERED = [
+    ("POST", "/sandboxes/{sandbox_id}/fork", "forking a sandbox"),
+    ("POST", "/sandboxes/{sandbox_id}/snapshots", "snapshots"),
+    ("GET", "/snapshots", "snapshots"),
+    ("PUT", "/sandboxes/{sandbox_id}/network", "network rules"),
+    ("GET", "/sandboxes/{sandbox_id}/logs", "sandbox logs (see the event log)"),
+    ("GET", "/v2/sandboxes/{sandbox_id}/logs", "sandbox logs (see the event log)"),
+    ("GET", "/sandboxes/metrics", "metrics of several sandboxes (see /metrics)"),
+    ("GET", "/templates", "templates other than base"),
+    ("POST", "/v3/templates", "building templates"),
+    ("GET", "/volumes", "volumes"),
+    ("POST", "/volumes", "volumes"),
+    ("GET", "/secrets", "secrets"),
+    ("POST", "/secrets", "secrets"),
+]
+
+
+def _not_offered(what: str) -> Any:
+    async def refuse() -> JSONResponse:
+        return JSONResponse({"code": 501, "message": f"{what} is not offered by tenon serve"},
+                            status_code=501)
+
+    return refuse
 
 
 def _disk_mb(sessions: SessionManager) -> int:
