@@ -484,7 +484,18 @@ class Runtime:
                 finally:
                     state.alongside -= 1
                     self.waker.notify()
-            await self.waker.wait()  # every tick, launch and action end notifies
+            # a launch does not always notify: look again each control period at the latest
+            await self._wait_for_change(self.config.control_period_s)
+
+    async def _wait_for_change(self, at_most_s: float) -> None:
+        """Until the waker fires or `at_most_s` passes on the runtime's clock."""
+        woken = asyncio.ensure_future(self.waker.wait())
+        slept = asyncio.ensure_future(self.clock.sleep(at_most_s))
+        try:
+            await asyncio.wait({woken, slept}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            slept.cancel()
 
     @contextlib.asynccontextmanager
     async def edit_workspace(self, agent_id: str) -> AsyncIterator[Path]:

@@ -57,6 +57,7 @@ class Session:
     commands: CommandTable = field(default_factory=CommandTable)
     pending: asyncio.Task[Any] | None = None
     """The agent's last action while it runs or finishes its boundary."""
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def sandbox_id(self) -> str:
@@ -292,30 +293,35 @@ class SessionManager:
         action_class = env.pop(ACTION_CLASS_ENV, None)
         io.env = env
         line = command.spec.shell_line()
+        no_action = False  # other commands run, but none of them is an action in flight
         while True:
-            if any(c is not command for c in session.commands.running.values()):
+            async with session.turn:  # one command at a time decides who is the action
+                alongside = not no_action and any(
+                    c is not command for c in session.commands.running.values())
+                if not alongside:
+                    await session.settled()
+                    outcome: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
+
+                    def answer(kind: str, exit_code: int,
+                               outcome: asyncio.Future[Ended] = outcome) -> None:
+                        if not outcome.done():
+                            outcome.set_result(_ended_of_action(Outcome(kind), exit_code, ""))
+
+                    io.on_outcome = answer
+                    task = asyncio.ensure_future(agent.run(
+                        line, timeout=timeout_s, io=io, max_output_bytes=4096,
+                        issued_command=issued, action_class=action_class))
+                    session.pending = task
+                    task.add_done_callback(session.forget_pending)
+            if alongside:
                 try:
                     result = await agent.run_alongside(line, timeout=timeout_s, io=io,
                                                        max_output_bytes=4096)
                     return ended_from(result.exit_code, timed_out=result.timed_out)
-                except NotBusy:
-                    pass
-            await session.settled()
-            if session.pending is not None and not session.pending.done():
-                continue  # another command took the turn meanwhile
-            outcome: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
-
-            def answer(kind: str, exit_code: int, outcome: asyncio.Future[Ended] = outcome
-                       ) -> None:
-                if not outcome.done():
-                    outcome.set_result(_ended_of_action(Outcome(kind), exit_code, ""))
-
-            io.on_outcome = answer
-            task = asyncio.ensure_future(agent.run(
-                line, timeout=timeout_s, io=io, max_output_bytes=4096,
-                issued_command=issued, action_class=action_class))
-            session.pending = task
-            task.add_done_callback(session.forget_pending)
+                except NotBusy:  # the action has not started yet, or just ended: look again
+                    no_action = session.pending is None or session.pending.done()
+                    await asyncio.sleep(0)
+                    continue
             try:
                 either: set[asyncio.Future[Any]] = {task, outcome}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
