@@ -229,14 +229,11 @@ class Boundary:
         while True:
             if state.closed:
                 raise AgentClosed(f"agent {state.agent_id} was closed while waiting to rebuild")
-            level = self._pressure_without(state.agent_id).level
-            decision = rebuild_decision(state.agent_id, next_action_ready=True, pressure=level,
-                                        predicted_ready_in_s=None,
-                                        slots=rt.lifecycle.slots, config=rt.config)
-            if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
+            waiting = self._take_rebuild_slot(state)
+            if waiting is None:
                 break
             if not reported:
-                rt.events.emit("rebuild_wait", agent_id=state.agent_id, reason=decision.reason)
+                rt.events.emit("rebuild_wait", agent_id=state.agent_id, reason=waiting)
                 reported = True
             await rt.waker.wait()
         try:
@@ -430,6 +427,18 @@ class Boundary:
             self.pump()
         return result
 
+    def _take_rebuild_slot(self, state: AgentState) -> str | None:
+        """Take a lifecycle slot for rebuilding the agent now (its next action is ready);
+        None when taken, else why the rebuild must wait."""
+        rt = self._rt
+        level = self._pressure_without(state.agent_id).level
+        decision = rebuild_decision(state.agent_id, next_action_ready=True, pressure=level,
+                                    predicted_ready_in_s=None,
+                                    slots=rt.lifecycle.slots, config=rt.config)
+        if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
+            return None
+        return decision.reason
+
     async def prewarm(self, state: AgentState) -> None:
         """Rebuild a torn-down, idle agent now, as its next action would (`Runtime.prewarm`)."""
         rt = self._rt
@@ -446,14 +455,11 @@ class Boundary:
                 raise WorkflowFailed(f"agent {state.agent_id}: {state.failed_reason}")
             if not state.materialized or not state.torn_down or state.busy:
                 return
-            level = self._pressure_without(state.agent_id).level
-            decision = rebuild_decision(state.agent_id, next_action_ready=True, pressure=level,
-                                        predicted_ready_in_s=None,
-                                        slots=rt.lifecycle.slots, config=rt.config)
-            if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
+            waiting = self._take_rebuild_slot(state)
+            if waiting is None:
                 break
             if not reported:
-                rt.events.emit("rebuild_wait", agent_id=state.agent_id, reason=decision.reason)
+                rt.events.emit("rebuild_wait", agent_id=state.agent_id, reason=waiting)
                 reported = True
             await rt.waker.wait()
         task = asyncio.ensure_future(self._prewarm(state))

@@ -27,7 +27,7 @@ from e2b.envd.filesystem.filesystem_connect import Filesystem, FilesystemASGIApp
 from protobuf.wkt import Timestamp
 
 from tenon.service.errors import ServiceError
-from tenon.service.files import Entry, EntryType, FilesError, FilesResolver, NotFound, SandboxFiles
+from tenon.service.files import Entry, EntryType, FilesResolver, NotFound, SandboxFiles
 
 SANDBOX_ID_HEADER = "E2b-Sandbox-Id"
 
@@ -72,7 +72,7 @@ class FilesystemService(Filesystem):
             manager = self._resolver.writing(sid) if write else self._resolver.reading(sid)
             async with manager as files:
                 yield files
-        except (ServiceError, FilesError) as exc:
+        except ServiceError as exc:  # a file operation's FilesError too
             raise ConnectError(exc.connect_code, str(exc)) from exc
 
     async def _run(self, ctx: RequestContext[Any, Any], write: bool,

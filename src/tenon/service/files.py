@@ -42,6 +42,7 @@ from connectrpc.code import Code
 
 from tenon.errors import TenonError
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS
+from tenon.service.errors import ServiceError
 from tenon.service.inroot import closing_fd as _closing
 from tenon.service.inroot import openat2
 
@@ -55,14 +56,11 @@ MAX_LIST_ENTRIES = 100_000
 
 
 
-class FilesError(TenonError, OSError):
+class FilesError(ServiceError, TenonError, OSError):
     """A file operation refused or failed; the message is one line naming the path.
     `http_status` and `connect_code` are what envd answers, which the SDK maps to its
     matching exception (404/NOT_FOUND: FileNotFoundException, 400/INVALID_ARGUMENT:
     InvalidArgumentException, 507: NotEnoughSpaceException)."""
-
-    http_status = 500
-    connect_code = Code.INTERNAL
 
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)

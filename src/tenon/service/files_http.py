@@ -38,7 +38,7 @@ from starlette.types import Receive, Scope, Send
 
 from tenon.service.envd_filesystem import SANDBOX_ID_HEADER, filesystem_app
 from tenon.service.errors import ServiceError
-from tenon.service.files import CHUNK_BYTES, FilesError, FilesResolver, TooLarge, normalize
+from tenon.service.files import CHUNK_BYTES, FilesResolver, TooLarge, normalize
 from tenon.service.multipart import MultipartError, boundary_of, iter_parts
 
 __all__ = ["files_routes", "filesystem_app"]
@@ -56,7 +56,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
-def _failure(exc: ServiceError | FilesError) -> JSONResponse:
+def _failure(exc: ServiceError) -> JSONResponse:
     return _error(exc.http_status, str(exc))
 
 
@@ -95,7 +95,7 @@ class _FilesHandler:
             if request.method == "GET":
                 return await self._download(request, sid)
             return await self._upload(request, sid)
-        except (ServiceError, FilesError) as exc:
+        except ServiceError as exc:  # a file operation's FilesError too
             return _failure(exc)
         except (BadUpload, MultipartError) as exc:
             return _error(400, str(exc))
