@@ -78,26 +78,16 @@ class ProcessService:
             return await sessions.run_command(session, command, io, limit_s)  # type: ignore[arg-type]
 
         command = session.commands.start(spec, run, timeout_s)
-        queue = command.subscribe()
-        try:
-            yield pb.StartResponse(event=_start_event(command.pid))
-            async for event in command.events(queue, _keepalive_s(ctx)):  # type: ignore[arg-type]
-                yield pb.StartResponse(event=_event(event))
-        finally:
-            command.unsubscribe(queue)
+        async for event in _stream(command, _keepalive_s(ctx)):  # type: ignore[arg-type]
+            yield pb.StartResponse(event=event)
 
     async def connect(self, request: pb.ConnectRequest,
                       ctx: RequestContext[pb.ConnectRequest, pb.ConnectResponse]
                       ) -> AsyncIterator[pb.ConnectResponse]:
         session = self._session(ctx)  # type: ignore[arg-type]
         command = self._command(session, request.process)
-        queue = command.subscribe()
-        try:
-            yield pb.ConnectResponse(event=_start_event(command.pid))
-            async for event in command.events(queue, _keepalive_s(ctx)):  # type: ignore[arg-type]
-                yield pb.ConnectResponse(event=_event(event))
-        finally:
-            command.unsubscribe(queue)
+        async for event in _stream(command, _keepalive_s(ctx)):  # type: ignore[arg-type]
+            yield pb.ConnectResponse(event=event)
 
     async def update(self, request: pb.UpdateRequest,
                      ctx: RequestContext[pb.UpdateRequest, pb.UpdateResponse]
@@ -156,6 +146,17 @@ async def _write(command: Command, data: pb.ProcessInput | None) -> None:
         await command.write_stdin(bytes(data.input.value))
     except ValueError as exc:
         raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from exc
+
+
+async def _stream(command: Command, keepalive_s: float) -> AsyncIterator[pb.ProcessEvent]:
+    """A client's view of `command`: its start event, then its output, keepalives and end."""
+    queue = command.subscribe()
+    try:
+        yield _start_event(command.pid)
+        async for event in command.events(queue, keepalive_s):
+            yield _event(event)
+    finally:
+        command.unsubscribe(queue)
 
 
 def _keepalive_s(ctx: RequestContext[object, object]) -> float:
