@@ -55,7 +55,7 @@ def test_fresh_build_extracts_atomically_and_records_the_tar(tmp_path):
     assert meta["name"] == IMAGE
     assert meta["tar_sha256"] == hashlib.sha256((target / "rootfs.tar").read_bytes()).hexdigest()
     assert (image_rootfs(IMAGE, tmp_path) / "usr/bin/python3").exists()
-    assert not Path("/work/main/rootfs.tar").exists()
+    assert not (Path.cwd() / "rootfs.tar").exists()  # nothing written outside the state dir
 
 
 @pytest.mark.docker
