@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from tenon.policy import (
     ActionRequest,
     GrowthEstimate,
@@ -10,6 +13,8 @@ from tenon.policy import (
     Prediction,
     SandboxSample,
 )
+from tenon.policy.gate import GateDecision, GateView, decide_gate
+from tenon.policy.pressure import Pressure
 
 MIB = 1024 * 1024
 
@@ -56,3 +61,15 @@ def make_idle(
     predicted_wait_s: float = 0.0,
 ) -> IdleSandbox:
     return IdleSandbox(sandbox_id, working_set_bytes, restartable, predicted_wait_s)
+
+
+def gate_decision(
+    estimates: Mapping[str, GrowthEstimate],
+    level: Pressure,
+    headroom_bytes: int,
+    now: float,
+    config: PolicyConfig,
+    **view: Any,
+) -> GateDecision:
+    """`decide_gate` over a `GateView` built from keyword defaults."""
+    return decide_gate(GateView(estimates, level, headroom_bytes, now, **view), config)

@@ -7,9 +7,11 @@ from pydantic import ValidationError
 
 from tenon.policy.admission import ActionRequest, AdmissionController, ChargeNotHeld, Prediction
 from tenon.policy.config import PolicyConfig
-from tenon.policy.gate import AimdBudget, decide_gate
+from tenon.policy.gate import AimdBudget
 from tenon.policy.growth import GrowthEstimate
 from tenon.policy.pressure import Pressure
+
+from .factories import gate_decision
 
 MIB = 1024 * 1024
 CONFIG = PolicyConfig()
@@ -22,11 +24,11 @@ def make_estimate(sid: str, *, rate_mib_s: float | None = 50.0, allowed: bool = 
 
 def test_recently_denied_sandbox_waits_before_reconsideration():
     estimates = {"a": make_estimate("a")}
-    held = decide_gate(
+    held = gate_decision(
         estimates, Pressure.YELLOW, 4096 * MIB, 10.0, CONFIG, budget_b=4, denied_since={"a": 9.5}
     )
     assert held.denied == {"a"}
-    later = decide_gate(
+    later = gate_decision(
         estimates, Pressure.YELLOW, 4096 * MIB, 10.6, CONFIG, budget_b=4, denied_since={"a": 9.5}
     )
     assert later.allowed == {"a"}

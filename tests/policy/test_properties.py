@@ -11,12 +11,11 @@ from tenon.policy import (
     PolicyConfig,
     Pressure,
     choose_reclaim,
-    decide_gate,
 )
 from tenon.policy.gate import gate_demand_bytes
 from tenon.policy.residency import IdleSandbox
 
-from .factories import MIB, make_estimate, make_idle, make_request
+from .factories import MIB, gate_decision, make_estimate, make_idle, make_request
 
 CONFIG = PolicyConfig()
 rates = st.one_of(st.none(), st.floats(-64 * MIB, 512 * MIB, allow_nan=False))
@@ -47,7 +46,7 @@ def test_gate_invariants(items, level, headroom, b, denied_since, free, caps,
                          outgrown_since, pending) -> None:
     ests = _estimates(items)
     now = 10.0
-    d = decide_gate(ests, level, headroom, now, CONFIG, budget_b=b, denied_since=denied_since,
+    d = gate_decision(ests, level, headroom, now, CONFIG, budget_b=b, denied_since=denied_since,
                     growth_caps=caps, free_bytes=free, outgrown_since=outgrown_since,
                     pending=pending)
     assert d.allowed | d.denied == frozenset(ests)
@@ -110,17 +109,17 @@ def test_gate_invariants(items, level, headroom, b, denied_since, free, caps,
 
 def test_overdue_head_probes_alone_when_nothing_fits() -> None:
     ests = _estimates([(400 * MIB, False), (300 * MIB, False)])
-    fresh = decide_gate(ests, Pressure.RED, 10 * MIB, 10.0, CONFIG, budget_b=1,
+    fresh = gate_decision(ests, Pressure.RED, 10 * MIB, 10.0, CONFIG, budget_b=1,
                         denied_since={"sb-0": 9.0, "sb-1": 8.5})
     assert fresh.allowed == frozenset()  # waited 1-1.5 s: not overdue yet, nothing fits H
-    late = decide_gate(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
+    late = gate_decision(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
                        denied_since={"sb-0": 9.0, "sb-1": 8.5})
     assert late.allowed == frozenset({"sb-1"})  # both overdue: the smaller demand goes first
     assert "overdue probe" in late.reasons["sb-1"]
     # A sandbox at its plateau frees its memory only when its action ends: it does not keep
     # the probe from running (a 36 s one kept two held test runs waiting on the replay).
     ests["plateau"] = make_estimate("plateau", 0.0, 0.0, True)
-    beside = decide_gate(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
+    beside = gate_decision(ests, Pressure.RED, 10 * MIB, 12.0, CONFIG, budget_b=1,
                          denied_since={"sb-0": 9.0, "sb-1": 8.5})
     assert beside.allowed == frozenset({"sb-1", "plateau"})
     # ...unless its end would make the room: then the probe waits for it, but only for
@@ -132,7 +131,7 @@ def test_overdue_head_probes_alone_when_nothing_fits() -> None:
     patience_over = 8.5 + CONFIG.plateau_patience_s + 0.1
 
     def decide(now: float, headroom: int):
-        return decide_gate(ests, Pressure.RED, headroom, now, CONFIG, budget_b=1,
+        return gate_decision(ests, Pressure.RED, headroom, now, CONFIG, budget_b=1,
                            denied_since={"sb-0": 9.0, "sb-1": 8.5}, gives_back=gives)
 
     assert decide(12.0, near).allowed == frozenset({"plateau"})
@@ -232,7 +231,7 @@ def test_starts_wait_for_a_grower_frozen_past_overdue() -> None:
             "start": make_estimate("start", None, None, False)}
 
     def decide(grower_since: float):
-        return decide_gate(ests, Pressure.YELLOW, 300 * MIB, 10.0, CONFIG, budget_b=1,
+        return gate_decision(ests, Pressure.YELLOW, 300 * MIB, 10.0, CONFIG, budget_b=1,
                            denied_since={"grower": grower_since},
                            growth_caps={"grower": 800 * MIB, "start": 64 * MIB},
                            reclaimable_bytes=1024 * MIB, pending=frozenset({"start"}))

@@ -18,7 +18,7 @@ from tenon.policy import (
 from tenon.policy.admission import AdmissionController, Prediction, past_peak_charge
 from tenon.policy.bench import bench_gate
 
-from .factories import MIB, make_config, make_idle, make_request, make_sample
+from .factories import MIB, gate_decision, make_config, make_idle, make_request, make_sample
 
 
 def _run(gate: GateController, ids, steps, level, headroom, start=0.0, grow=32 * MIB):
@@ -285,8 +285,6 @@ def test_a_charge_shrinks_once_the_action_has_passed_its_peak() -> None:
 
 
 def test_green_keeps_a_held_grower_that_outgrew_its_prediction_while_it_does_not_fit() -> None:
-    from tenon.policy import decide_gate
-
     from .factories import make_estimate
 
     config = PolicyConfig()
@@ -295,7 +293,7 @@ def test_green_keeps_a_held_grower_that_outgrew_its_prediction_while_it_does_not
     caps = {"big": -10 * MIB, "light": 100 * MIB}  # big is past its predicted peak
 
     def decide(headroom, *, since=9.0, reclaimable=0, ids=("big", "light")):
-        return decide_gate({s: ests[s] for s in ids}, Pressure.GREEN, headroom, 10.0, config,
+        return gate_decision({s: ests[s] for s in ids}, Pressure.GREEN, headroom, 10.0, config,
                            budget_b=1, denied_since={s: since for s in ids},
                            growth_caps=caps, reclaimable_bytes=reclaimable)
 
@@ -305,7 +303,7 @@ def test_green_keeps_a_held_grower_that_outgrew_its_prediction_while_it_does_not
     assert "outgrew its prediction" in d.reasons["big"]
     assert decide(900 * MIB).allowed == {"big", "light"}  # its demand fits H
     # Green never freezes a running sandbox: only one already held is kept.
-    running = decide_gate(ests, Pressure.GREEN, 400 * MIB, 10.0, config, budget_b=1,
+    running = gate_decision(ests, Pressure.GREEN, 400 * MIB, 10.0, config, budget_b=1,
                           denied_since={}, growth_caps=caps)
     assert running.allowed == {"big", "light"}
     # Liveness: alone, overdue, and no idle memory to reclaim: waiting cannot help.
@@ -318,7 +316,6 @@ def test_green_keeps_a_held_grower_that_outgrew_its_prediction_while_it_does_not
 def test_an_outgrown_grower_demands_at_least_its_overshoot_while_it_grows(
     fraction: float,
 ) -> None:
-    from tenon.policy import decide_gate
     from tenon.policy.gate import gate_demand_bytes
 
     from .factories import make_estimate
@@ -335,7 +332,7 @@ def test_an_outgrown_grower_demands_at_least_its_overshoot_while_it_grows(
 
     # Yellow with 700 MiB of headroom, 400 MiB of it above the yellow line: the measured
     # rate alone fits there; the overshoot does not fit at all, so it stays held.
-    decision = decide_gate({"big": growing}, Pressure.YELLOW, 700 * MIB, 10.0, config,
+    decision = gate_decision({"big": growing}, Pressure.YELLOW, 700 * MIB, 10.0, config,
                            budget_b=1, denied_since={"big": 8.0},
                            growth_caps={"big": -overshoot}, free_bytes=400 * MIB)
     assert ("big" in decision.denied) == bool(fraction)

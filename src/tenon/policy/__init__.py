@@ -14,7 +14,15 @@ from tenon.policy.admission import (
 )
 from tenon.policy.baselines import PolicyKind, PolicySpec, parse_policy
 from tenon.policy.config import PolicyConfig
-from tenon.policy.gate import AimdBudget, GateController, GateDecision, decide_gate
+from tenon.policy.gate import (
+    AimdBudget,
+    GateController,
+    GateDecision,
+    GateView,
+    Verdict,
+    Why,
+    decide_gate,
+)
 from tenon.policy.growth import GrowthEstimate, GrowthEstimator, GrowthState, SandboxSample
 from tenon.policy.pressure import Pressure, PressureState, classify_pressure
 from tenon.policy.residency import (
@@ -38,6 +46,9 @@ __all__ = [
     "ChargeNotHeld",
     "GateController",
     "GateDecision",
+    "GateView",
+    "Verdict",
+    "Why",
     "GrowthEstimate",
     "GrowthEstimator",
     "GrowthState",

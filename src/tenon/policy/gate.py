@@ -25,8 +25,9 @@ Invariants (property-tested):
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tenon.policy.config import PolicyConfig
 from tenon.policy.growth import (
@@ -71,20 +72,117 @@ class AimdBudget:
         return AimdBudget(max(1, min(b, config.yellow_bmax)), level, green_since)
 
 
+class Why(enum.Enum):
+    """Why the gate allowed or denied a sandbox this period (the events carry the text)."""
+
+    NO_GROWTH = "no projected growth"
+    GREEN = "green: all allowed"
+    OUTGROWN_OVER_HEADROOM = "outgrew its prediction; its demand does not fit H"
+    OUTGROWN_BEHIND = "outgrew its prediction after another; no room left behind it"
+    MIN_WAIT = "denied less than min_denial_wait_s ago"
+    FITS_ABOVE_LINE = "its demand fits above the yellow line"
+    SLOTS_TAKEN = "every growth slot taken"
+    NO_FIT = "its demand does not fit the headroom left"
+    SLOT = "a growth slot (a probe under red)"
+    WAITS_FOR_STARVING = "a start waits for a grower held past overdue"
+    RUNNING_PROBE = "liveness: the running probe continues"
+    OVERDUE_PROBE = "liveness: an overdue probe"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    why: Why
+    text: str
+    """The reason with its figures, for the event log."""
+
+
+@dataclass(frozen=True, slots=True)
+class GateView:
+    """Everything one period's gate decision sees (frozen; built by `GateController`).
+
+    `growth_caps` bounds demands by the admitted predictions (see `gate_demand_bytes`).
+    `free_bytes` is the part of H above the yellow line: under yellow, growers whose
+    demands fit there run as they would under green, and the b slots are for growth that
+    digs into the yellow region. Yellow is mostly *predicted* risk (admitted actions may
+    still grow); physical room above the line is not at risk, and without this rule a busy
+    domain would serialize every action's start through one slot. Red has no such room
+    (H is below the red line). `reclaimable_bytes` is memory that can come back without
+    any grower running (idle sandboxes that are being or can be torn down).
+    `outgrown_since` is when each sandbox was first seen past its prediction's bound
+    (`outgrown_queue`); without it outgrown ones are not ordered. `gives_back` is what each
+    sandbox's running action holds beyond where it started: memory its end frees, so
+    waiting for a sandbox at its plateau can help a held grower. `pending` are actions held
+    before their start (they hold no memory yet): under yellow and red they come after
+    sandboxes that do, overdue or not. `stalled_since` is when each sandbox was first
+    denied outside green since it last had no demand (a probe's brief runs do not reset
+    it, as they reset `denied_since`); it bounds the wait for plateaus to end, and
+    defaults to `denied_since`.
+    """
+
+    estimates: Mapping[str, GrowthEstimate]
+    level: Pressure
+    headroom_bytes: int
+    now: float
+    budget_b: int = 1
+    denied_since: Mapping[str, float] = field(default_factory=dict)
+    growth_caps: Mapping[str, int] = field(default_factory=dict)
+    free_bytes: int = 0
+    reclaimable_bytes: int = 0
+    outgrown_since: Mapping[str, float] = field(default_factory=dict)
+    gives_back: Mapping[str, int] = field(default_factory=dict)
+    pending: frozenset[str] = frozenset()
+    stalled_since: Mapping[str, float] | None = None
+
+    def demand_bytes(self, sid: str, config: PolicyConfig) -> int:
+        return gate_demand_bytes(self.estimates[sid], self.growth_caps.get(sid), config)
+
+
 @dataclass(frozen=True, slots=True)
 class GateDecision:
-    allowed: frozenset[str]
-    denied: frozenset[str]
+    verdicts: Mapping[str, Verdict]
     budget_b: int
     """Slots for positive-demand sandboxes this period (b in yellow, 1 in red)."""
     pressure: Pressure
     headroom_bytes: int
-    reasons: Mapping[str, str]
     outgrown_waiting: frozenset[str] = frozenset()
     """Denied only to wait for sandboxes that outgrew their prediction earlier."""
     starving: frozenset[str] = frozenset()
     """Holding memory and denied past `overdue_after_s` for room (not for their turn among
     outgrown growers): while any is, no start launches."""
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(sid for sid, v in self.verdicts.items() if v.allowed)
+
+    @property
+    def denied(self) -> frozenset[str]:
+        return frozenset(sid for sid, v in self.verdicts.items() if not v.allowed)
+
+    @property
+    def reasons(self) -> Mapping[str, str]:
+        return {sid: v.text for sid, v in self.verdicts.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A positive-demand sandbox competing for room under yellow or red."""
+
+    sid: str
+    demand_bytes: int
+    overdue: bool
+    state: GrowthState
+    pending: bool
+
+    @property
+    def running(self) -> bool:
+        return self.state is GrowthState.GROWING
+
+    def order(self) -> tuple[bool, bool, bool, int, int, str]:
+        """Growers already running first, then sandboxes holding memory before starts
+        that hold none; then overdue first, growth state, smaller demand, id."""
+        return (not self.running, self.pending, not self.overdue, int(self.state),
+                self.demand_bytes, self.sid)
 
 
 def gate_demand_bytes(
@@ -163,235 +261,199 @@ def outgrown_queue(
     return waiting
 
 
-def decide_gate(
-    estimates: Mapping[str, GrowthEstimate],
-    level: Pressure,
-    headroom_bytes: int,
-    now: float,
-    config: PolicyConfig,
-    *,
-    budget_b: int,
-    denied_since: Mapping[str, float],
-    growth_caps: Mapping[str, int] | None = None,
-    free_bytes: int = 0,
-    reclaimable_bytes: int = 0,
-    outgrown_since: Mapping[str, float] | None = None,
-    gives_back: Mapping[str, int] | None = None,
-    pending: frozenset[str] = frozenset(),
-    stalled_since: Mapping[str, float] | None = None,
-) -> GateDecision:
-    """Decide who runs for the next control period; O(n log n), one sort.
-
-    `growth_caps` bounds demands by the admitted predictions (see `gate_demand_bytes`).
-    `free_bytes` is the part of H above the yellow line: under yellow, growers whose
-    demands fit there run as they would under green, and the b slots are for growth that
-    digs into the yellow region. Yellow is mostly *predicted* risk (admitted actions may
-    still grow); physical room above the line is not at risk, and without this rule a
-    busy domain would serialize every action's start through one slot. Red has no such
-    room (H is below the red line). `reclaimable_bytes` is memory that can come back
-    without any grower running (idle sandboxes that are being or can be torn down).
-    `outgrown_since` is when each sandbox was first seen past its prediction's bound
-    (`outgrown_queue`); without it outgrown ones are not ordered. `gives_back` is what each
-    sandbox's running action holds beyond where it started: memory its end frees, so
-    waiting for a sandbox at its plateau can help a held grower. `pending` are actions held
-    before their start (they hold no memory yet): under yellow and red they come after
-    sandboxes that do, overdue or not. `stalled_since` is when each sandbox was first
-    denied outside green since it last had no demand (a probe's brief runs do not reset
-    it, as they reset `denied_since`); it bounds the wait for plateaus to end, and
-    defaults to `denied_since`.
-    """
-    gives_back = gives_back or {}
-    stalled_since = denied_since if stalled_since is None else stalled_since
-    caps = growth_caps or {}
+def decide_gate(view: GateView, config: PolicyConfig) -> GateDecision:
+    """Decide who runs for the next control period; O(n log n), one sort."""
+    caps = view.growth_caps
     queued = outgrown_queue(
-        estimates, {sid: gate_demand_bytes(est, caps.get(sid), config)
-                    for sid, est in estimates.items()},
-        headroom_bytes, outgrown_since, caps) if outgrown_since else {}
-    if level is Pressure.GREEN:
-        kept = _outgrown_kept_under_green(
-            estimates, headroom_bytes, now, config, denied_since=denied_since,
-            growth_caps=caps, reclaimable_bytes=reclaimable_bytes, waiting=queued,
-            gives_back=gives_back)
-        held_long = frozenset(sid for sid in kept
-                              if now - denied_since[sid] >= config.overdue_after_s)
-        kept.update({sid: f"green: {why}" for sid, why in queued.items()})
-        green_reasons = dict.fromkeys(estimates, "green: all allowed")
-        green_reasons.update(kept)
-        return GateDecision(
-            frozenset(estimates) - frozenset(kept),
-            frozenset(kept),
-            budget_b,
-            level,
-            headroom_bytes,
-            green_reasons,
-            frozenset(queued),
-            held_long,
-        )
-    slots = budget_b if level is Pressure.YELLOW else 1
-    free_left = max(min(free_bytes, headroom_bytes), 0) if level is Pressure.YELLOW else 0
-    allowed: list[str] = []
-    denied: list[str] = []
-    reasons: dict[str, str] = {}
-    # (not overdue, state rank, demand, id): overdue first, then state, smaller demand, id;
-    # a grower that is running keeps its place ahead of everyone (see below).
-    candidates: list[tuple[bool, int, int, str]] = []
-    running_now: set[str] = set()
-    longest_wait = 0.0  # the longest stall among the candidates
-    min_wait = config.min_denial_wait_s
-    overdue_after = config.overdue_after_s
-    name = level.name.lower()
-    for sid, est in estimates.items():
-        demand = gate_demand_bytes(est, caps.get(sid), config)
-        if demand <= 0:
-            allowed.append(sid)
-            reasons[sid] = "no projected growth"
-            continue
-        if sid in queued:
-            denied.append(sid)
-            reasons[sid] = f"{name}: {queued[sid]}"
-            continue
-        since = denied_since.get(sid)
-        waited = None if since is None else now - since
-        if waited is not None and waited < min_wait:
-            denied.append(sid)
-            reasons[sid] = f"denied {waited:.2f}s ago; waits {min_wait:.2f}s"
-            continue
-        overdue = waited is not None and waited >= overdue_after
-        longest_wait = max(longest_wait, now - stalled_since.get(sid, now))
-        state = classify(est, now, config)
-        if state is GrowthState.GROWING:
-            running_now.add(sid)
-        candidates.append((not overdue, int(state), demand, sid))
-    # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
-    # to an overdue one freezes both with half their memory allocated, and rotating probes
-    # this way lets none finish. Overdue ones get the next slot that frees.
-    # Then sandboxes holding memory, before starts that hold none: a start given the slot
-    # takes the room a frozen grower waits for (on the replay a held 1.6 GiB test run
-    # waited 35 s while small starts took the yellow slot one by one, then was OOM-killed).
-    candidates.sort(key=lambda c: (c[3] not in running_now, c[3] in pending, c))
-    used_bytes = 0
-    num_slotted = 0
-    for not_overdue, _rank, demand, sid in candidates:
-        late = "" if not_overdue else " (overdue)"
-        if used_bytes + demand <= free_left:
-            used_bytes += demand
-            allowed.append(sid)
-            reasons[sid] = f"{name}: demand {demand} B fits above the yellow line{late}"
-        elif num_slotted >= slots:
-            denied.append(sid)
-            reasons[sid] = f"{name}: all {slots} growth slots taken"
-        elif used_bytes + demand > headroom_bytes:
-            denied.append(sid)
-            reasons[sid] = (
-                f"{name}: demand {demand} B does not fit headroom left "
-                f"{headroom_bytes - used_bytes} B"
-            )
-        else:
-            used_bytes += demand
-            num_slotted += 1
-            allowed.append(sid)
-            kind = "probe" if level is Pressure.RED else f"slot {num_slotted}/{slots}"
-            reasons[sid] = f"{name} {kind}: demand {demand} B fits{late}"
-    starving = [c[3] for c in candidates if c[3] in denied and c[3] not in pending
-                and not c[0]]
+        view.estimates, {sid: view.demand_bytes(sid, config) for sid in view.estimates},
+        view.headroom_bytes, view.outgrown_since, caps) if view.outgrown_since else {}
+    if view.level is Pressure.GREEN:
+        return _decide_green(view, config, queued)
+    return _decide_pressed(view, config, queued)
+
+
+def _decide_green(view: GateView, config: PolicyConfig,
+                  queued: Mapping[str, str]) -> GateDecision:
+    kept = _outgrown_kept_under_green(view, config, waiting=queued)
+    held_long = frozenset(sid for sid in kept
+                          if view.now - view.denied_since[sid] >= config.overdue_after_s)
+    verdicts = dict.fromkeys(view.estimates, Verdict(True, Why.GREEN, Why.GREEN.value))
+    verdicts.update(kept)
+    verdicts.update({sid: Verdict(False, Why.OUTGROWN_BEHIND, f"green: {why}")
+                     for sid, why in queued.items()})
+    return GateDecision(verdicts, view.budget_b, view.level, view.headroom_bytes,
+                        frozenset(queued), held_long)
+
+
+def _decide_pressed(view: GateView, config: PolicyConfig,
+                    queued: Mapping[str, str]) -> GateDecision:
+    """Yellow and red: growers fit above the yellow line, then b slots (one under red)."""
+    slots = view.budget_b if view.level is Pressure.YELLOW else 1
+    verdicts, candidates, longest_wait = _sort_out(view, config, queued)
+    _hand_out_room(view, slots, candidates, verdicts)
+    starving = [c.sid for c in candidates
+                if not verdicts[c.sid].allowed and not c.pending and c.overdue]
+    name = view.level.name.lower()
     if starving:
         # A grower frozen past overdue holds what it has allocated and waits for room:
         # starts (holding nothing yet) wait for it, or they take that room one by one.
-        for sid in [sid for sid in allowed if sid in pending]:
-            allowed.remove(sid)
-            denied.append(sid)
-            reasons[sid] = f"{name}: waits for {starving[0]}, held past overdue"
-        candidates = [c for c in candidates if c[3] not in pending]
-    smallest = min((c[2] for c in candidates), default=0)
-    growing = [sid for sid in allowed if reasons[sid] != "no projected growth"]
-    plateaus = sum(gives_back.get(sid, 0) for sid in allowed if sid not in growing)
+        for sid, verdict in list(verdicts.items()):
+            if verdict.allowed and sid in view.pending:
+                verdicts[sid] = Verdict(False, Why.WAITS_FOR_STARVING,
+                                        f"{name}: waits for {starving[0]}, held past overdue")
+        candidates = [c for c in candidates if not c.pending]
+    _liveness_probe(view, config, candidates, verdicts, longest_wait)
+    return GateDecision(verdicts, slots, view.level, view.headroom_bytes,
+                        frozenset(queued), frozenset(starving))
+
+
+def _sort_out(view: GateView, config: PolicyConfig, queued: Mapping[str, str],
+              ) -> tuple[dict[str, Verdict], list[_Candidate], float]:
+    """The verdicts that need no room (no growth, queued behind an outgrown one, within
+    the minimum denial wait), the candidates for room in their order, and the longest
+    stall among the candidates."""
+    stalled_since = view.denied_since if view.stalled_since is None else view.stalled_since
+    name = view.level.name.lower()
+    min_wait = config.min_denial_wait_s
+    verdicts: dict[str, Verdict] = {}
+    candidates: list[_Candidate] = []
+    longest_wait = 0.0
+    for sid, est in view.estimates.items():
+        demand = view.demand_bytes(sid, config)
+        since = view.denied_since.get(sid)
+        waited = None if since is None else view.now - since
+        if demand <= 0:
+            verdicts[sid] = Verdict(True, Why.NO_GROWTH, Why.NO_GROWTH.value)
+        elif sid in queued:
+            verdicts[sid] = Verdict(False, Why.OUTGROWN_BEHIND, f"{name}: {queued[sid]}")
+        elif waited is not None and waited < min_wait:
+            verdicts[sid] = Verdict(False, Why.MIN_WAIT,
+                                    f"denied {waited:.2f}s ago; waits {min_wait:.2f}s")
+        else:
+            longest_wait = max(longest_wait, view.now - stalled_since.get(sid, view.now))
+            overdue = waited is not None and waited >= config.overdue_after_s
+            candidates.append(_Candidate(sid, demand, overdue, classify(est, view.now, config),
+                                         sid in view.pending))
+    # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
+    # to an overdue one freezes both with half their memory allocated, and rotating probes
+    # this way lets none finish. Overdue ones get the next slot that frees. Then sandboxes
+    # holding memory, before starts that hold none: a start given the slot takes the room
+    # a frozen grower waits for.
+    candidates.sort(key=_Candidate.order)
+    return verdicts, candidates, longest_wait
+
+
+def _hand_out_room(view: GateView, slots: int, candidates: list[_Candidate],
+                   verdicts: dict[str, Verdict]) -> None:
+    """In order: room above the yellow line first (yellow only), then a slot while the
+    demand fits what is left of H."""
+    name = view.level.name.lower()
+    free_left = (max(min(view.free_bytes, view.headroom_bytes), 0)
+                 if view.level is Pressure.YELLOW else 0)
+    used_bytes = 0
+    num_slotted = 0
+    for c in candidates:
+        late = " (overdue)" if c.overdue else ""
+        demand = c.demand_bytes
+        if used_bytes + demand <= free_left:
+            used_bytes += demand
+            verdicts[c.sid] = Verdict(True, Why.FITS_ABOVE_LINE,
+                                      f"{name}: demand {demand} B fits above the yellow line"
+                                      f"{late}")
+        elif num_slotted >= slots:
+            verdicts[c.sid] = Verdict(False, Why.SLOTS_TAKEN,
+                                      f"{name}: all {slots} growth slots taken")
+        elif used_bytes + demand > view.headroom_bytes:
+            verdicts[c.sid] = Verdict(False, Why.NO_FIT,
+                                      f"{name}: demand {demand} B does not fit headroom left "
+                                      f"{view.headroom_bytes - used_bytes} B")
+        else:
+            used_bytes += demand
+            num_slotted += 1
+            kind = "probe" if view.level is Pressure.RED else f"slot {num_slotted}/{slots}"
+            verdicts[c.sid] = Verdict(True, Why.SLOT, f"{name} {kind}: demand {demand} B fits"
+                                                      f"{late}")
+
+
+def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Candidate],
+                    verdicts: dict[str, Verdict], longest_wait: float) -> None:
+    """When no grower fits H, nothing else grows, and even tearing down every idle
+    sandbox and waiting for the actions at their plateau to end would not make room for
+    one, waiting cannot help: one runs alone. It is the one closest to done (smallest
+    demand; it frees its memory soonest), among those already running if any (rotating
+    probes every period would let none finish), else among those waiting past the overdue
+    threshold. The safety margin S absorbs its overshoot until the next period re-decides:
+    the one allowance beyond H.
+
+    Plateaus' ends are waited for at most `plateau_patience_s`, and only while the
+    smallest demand does not fit under the limit itself (H + S): a larger shortfall keeps
+    waiting for them, or two growers' peaks would meet.
+    """
+    smallest = min((c.demand_bytes for c in candidates), default=0)
+    growing = {sid for sid, v in verdicts.items() if v.allowed and v.why is not Why.NO_GROWTH}
+    plateaus = sum(view.gives_back.get(sid, 0) for sid, v in verdicts.items()
+                   if v.allowed and sid not in growing)
     if (longest_wait >= config.plateau_patience_s
-            and smallest <= headroom_bytes + config.safety_margin_bytes):
-        # Their ends have been waited for long enough (they may be minutes off) and the
-        # smallest demand fits under the limit itself: the probe overshoots only into S.
-        # A larger shortfall keeps waiting for them, or two growers' peaks would meet.
+            and smallest <= view.headroom_bytes + config.safety_margin_bytes):
         plateaus = 0
-    if not growing and candidates and headroom_bytes + reclaimable_bytes + plateaus < smallest:
-        # Liveness: no grower fits H, nothing else grows, and even tearing down every idle
-        # sandbox and waiting for the actions at their plateau to end would not make room
-        # for one, so waiting cannot help (a 36 s action holding 70 MiB kept two held test
-        # runs waiting for 1.2 GiB on the replay). Waiting for those ends is given
-        # `plateau_patience_s`: at 3x on the replay a test run frozen 0.1 GiB short waited
-        # 32 s, the host idle, for 40 s and 120 s actions to end. One runs alone: the one
-        # closest to done (smallest demand; it frees its memory soonest), among those
-        # already running if any (rotating probes every period would let none finish),
-        # else among those waiting past the overdue threshold. The safety margin S absorbs
-        # its overshoot until the next period re-decides. The one allowance beyond H.
-        running = [c for c in candidates if c[3] in running_now]
-        waited_long = [c for c in candidates if not c[0]]
-        pool = running or waited_long
-        if pool:
-            chosen = min(pool, key=lambda c: (c[2], c[3]))
-            sid = chosen[3]
-            denied.remove(sid)
-            allowed.append(sid)
-            kind = "running probe continues" if running else "overdue probe"
-            reasons[sid] = f"{name} {kind}: nothing else may grow"
-    return GateDecision(
-        frozenset(allowed), frozenset(denied), slots, level, headroom_bytes, reasons,
-        frozenset(queued), frozenset(starving),
-    )
+    if growing or not candidates or (
+            view.headroom_bytes + view.reclaimable_bytes + plateaus >= smallest):
+        return
+    running = [c for c in candidates if c.running]
+    pool = running or [c for c in candidates if c.overdue]
+    if not pool:
+        return
+    chosen = min(pool, key=lambda c: (c.demand_bytes, c.sid))
+    name = view.level.name.lower()
+    if running:
+        verdicts[chosen.sid] = Verdict(True, Why.RUNNING_PROBE,
+                                       f"{name} running probe continues: nothing else may grow")
+    else:
+        verdicts[chosen.sid] = Verdict(True, Why.OVERDUE_PROBE,
+                                       f"{name} overdue probe: nothing else may grow")
 
 
-def _outgrown_kept_under_green(
-    estimates: Mapping[str, GrowthEstimate],
-    headroom_bytes: int,
-    now: float,
-    config: PolicyConfig,
-    *,
-    denied_since: Mapping[str, float],
-    growth_caps: Mapping[str, int],
-    reclaimable_bytes: int,
-    waiting: Mapping[str, str],
-    gives_back: Mapping[str, int],
-) -> dict[str, str]:
-    """Held sandboxes that stay held under green, with the reason: those that outgrew their
-    prediction and whose measured demand exceeds H. `waiting` (held for outgrowing after
-    others) neither counts as growing nor is let go here.
+def _outgrown_kept_under_green(view: GateView, config: PolicyConfig, *,
+                               waiting: Mapping[str, str]) -> dict[str, Verdict]:
+    """Held sandboxes that stay held under green: those that outgrew their prediction and
+    whose measured demand exceeds H. `waiting` (held for outgrowing after others) neither
+    counts as growing nor is let go here.
 
     Green is computed from predictions, and an action that outgrew its own says nothing
-    more to the pressure level: the domain can look green while a frozen 1.6 GiB grower
-    (predicted 134 MiB) waits, and releasing it with everything else let it take the
-    room and an OOM kill followed. Only a sandbox already held is kept (green never
-    freezes a running one), and only while its demand does not fit H.
+    more to the pressure level: the domain can look green while a frozen grower far past
+    its prediction waits, and releasing it with everything else lets it take the room
+    others need. Only a sandbox already held is kept (green never freezes a running one),
+    and only while its demand does not fit H.
 
     Liveness: when nothing else runs and grows (a held start waits for room too, so it
-    does not count: counting it deadlocked the two), it has waited `overdue_after_s` and
-    neither tearing down every idle sandbox nor the end of every other running action
+    does not count: counting it would deadlock the two), it has waited `overdue_after_s`
+    and neither tearing down every idle sandbox nor the end of every other running action
     would make room, waiting cannot help: the smallest goes.
     """
     kept: dict[str, tuple[int, float]] = {}
     others_grow = False
-    for sid, est in estimates.items():
-        cap = growth_caps.get(sid)
+    for sid, est in view.estimates.items():
+        cap = view.growth_caps.get(sid)
         demand = gate_demand_bytes(est, cap, config)
-        since = denied_since.get(sid)
+        since = view.denied_since.get(sid)
         if sid in waiting:
             continue
-        if since is not None and is_outgrown(est, cap) and demand > headroom_bytes:
+        if since is not None and is_outgrown(est, cap) and demand > view.headroom_bytes:
             kept[sid] = (demand, since)
         elif demand > 0 and est.allowed and est.rate_bytes_per_s is not None:
             others_grow = True  # measured and running: a start not yet launched is not
     if kept and not others_grow:
         sid = min(kept, key=lambda s: (kept[s][0], s))
         demand, since = kept[sid]
-        ends_free = sum(gives_back.get(s, 0) for s in estimates
+        ends_free = sum(view.gives_back.get(s, 0) for s in view.estimates
                         if s not in kept and s not in waiting)
-        if (now - since >= config.overdue_after_s
-                and demand > headroom_bytes + reclaimable_bytes + ends_free):
+        if (view.now - since >= config.overdue_after_s
+                and demand > view.headroom_bytes + view.reclaimable_bytes + ends_free):
             del kept[sid]
-    return {sid: f"green: outgrew its prediction; demand {demand} B does not fit headroom "
-                 f"{headroom_bytes} B" for sid, (demand, _since) in kept.items()}
-
-
-def growth_state(estimate: GrowthEstimate, now: float, config: PolicyConfig) -> GrowthState:
-    """Re-exported for callers that log states alongside decisions."""
-    return classify(estimate, now, config)
+    return {sid: Verdict(False, Why.OUTGROWN_OVER_HEADROOM,
+                         f"green: outgrew its prediction; demand {demand} B does not fit "
+                         f"headroom {view.headroom_bytes} B")
+            for sid, (demand, _since) in kept.items()}
 
 
 class GateController:
@@ -452,22 +514,12 @@ class GateController:
         self._outgrown_since = {
             sid: previous_outgrown.get(sid, now) for sid, est in estimates.items()
             if is_outgrown(est, caps.get(sid))}
-        decision = decide_gate(
-            self._estimator.estimates,
-            pressure_level,
-            headroom_bytes,
-            now,
-            self._config,
-            budget_b=self._aimd.b,
-            denied_since=self._denied_since,
-            growth_caps=growth_caps,
-            free_bytes=free_bytes,
-            reclaimable_bytes=reclaimable_bytes,
-            outgrown_since=self._outgrown_since,
-            gives_back=gives_back,
-            pending=pending,
-            stalled_since=self._stalled_since,
-        )
+        decision = decide_gate(GateView(
+            estimates, pressure_level, headroom_bytes, now, budget_b=self._aimd.b,
+            denied_since=self._denied_since, growth_caps=caps, free_bytes=free_bytes,
+            reclaimable_bytes=reclaimable_bytes, outgrown_since=self._outgrown_since,
+            gives_back=gives_back or {}, pending=pending, stalled_since=self._stalled_since,
+        ), self._config)
         # A stall lasts from the first denial outside green until green or no demand.
         if pressure_level is Pressure.GREEN:
             self._stalled_since = {}
@@ -476,7 +528,7 @@ class GateController:
             self._stalled_since = {
                 sid: stalled.get(sid, now) for sid in estimates
                 if sid in decision.denied
-                or (sid in stalled and decision.reasons.get(sid) != "no projected growth")}
+                or (sid in stalled and decision.verdicts[sid].why is not Why.NO_GROWTH)}
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.
         previous = self._denied_since
