@@ -1,4 +1,4 @@
-"""AgentCgroup import: exact figures on a hand-made run, sensible ones on the shared data."""
+"""AgentCgroup import: exact figures on a hand-made run and on an excerpt of the real data."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from tenon.errors import TraceError
 from tenon.replay.importers.agentcgroup import family_of, import_agentcgroup, parse_mem_usage
 from tenon.replay.trace import load_trace, write_trace
 
-SHARED = Path("/work/shared/traces/agentcgroup/all_images_haiku")
+# Real runs (see tests/data/traces/README.md): three tasks with tool calls, one without.
+EXCERPT = Path(__file__).resolve().parents[1] / "data" / "traces" / "agentcgroup"
 T0 = 1_770_000_000.0
 MB = 1_000_000
 
@@ -131,25 +132,41 @@ def test_helpers():
     assert family_of("NVIDIA__nv-ingest-71") == "nv-ingest"
 
 
-def quantile(values, fraction):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+def test_real_excerpt(tmp_path):
+    trace = import_agentcgroup(EXCERPT)
+    assert trace.header.metadata["num_skipped"] == 1
+    assert trace.header.metadata["skipped"] == "all_images_haiku/Textualize__textual-2987/attempt_1"
+    by_task = {workflow.metadata["task"]: workflow for workflow in trace.workflows}
+    assert list(by_task) == ["dask__dask-5510", "encode__httpx-2701", "tobymao__sqlglot-4014"]
+    assert [len(w.steps) for w in by_task.values()] == [3, 15, 33]
+    assert [sum(s.action.tool == "Bash" for s in w.steps) for w in by_task.values()] == [0, 5, 11]
+    assert [w.family for w in by_task.values()] == ["dask", "httpx", "sqlglot"]
 
+    # Read by hand from dask__dask-5510: first sample at epoch 1770428578.074, calls at
+    # 01:43:04.625-.651, 06.756-.791, 08.527-.833 UTC; idle samples in between read 187.2,
+    # 187.9, 157.5, 158.5 MB.
+    dask = by_task["dask__dask-5510"]
+    assert [s.action.tool for s in dask.steps] == ["TodoWrite", "Grep", "Read"]
+    assert [s.model_wait_s for s in dask.steps] == pytest.approx([6.551, 2.105, 1.736])
+    assert [s.action.duration_s for s in dask.steps] == pytest.approx([0.026, 0.035, 0.306])
+    assert dask.metadata["agent_baseline_bytes"] == 157_500_000
+    assert dask.metadata["num_samples"] == 20
+    assert dask.steps[2].action.command == "Read /testbed/dask/array/routines.py"
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared AgentCgroup data not present")
-def test_shared_data(tmp_path):
-    trace = import_agentcgroup(SHARED)
-    # 55 task directories, 10 of which lack tool_calls.json
-    assert len(trace.workflows) >= 40
-    assert trace.header.metadata["num_skipped"] == 10
-    steps = [step for workflow in trace.workflows for step in workflow.steps]
-    assert len(steps) > 1000
-    assert 1.0 <= quantile([s.model_wait_s for s in steps], 0.5) <= 3.5
-    peaks = [w.profiled_peak_bytes for w in trace.workflows]
-    assert 1.2e9 < max(peaks) < 2.5e9
-    heaviest = max(steps, key=lambda s: s.action.memory.peak_bytes).action
-    assert heaviest.action_class == "test_runner"
-    assert all(100e6 < w.metadata["agent_baseline_bytes"] < 250e6 for w in trace.workflows)
+    # httpx: the highest sample, 229.1 MB, falls inside a pytest run; the baseline is 158.9 MB.
+    httpx = by_task["encode__httpx-2701"]
+    assert httpx.metadata["agent_baseline_bytes"] == 158_900_000
+    assert httpx.profiled_peak_bytes == 229_100_000 - 158_900_000
+    assert [s.action.action_class for s in httpx.steps].count("test_runner") == 4
+
+    # sqlglot: the full test suite, five runs of about 29.5 s; the fourth peaks at 2.076 GB.
+    sqlglot = by_task["tobymao__sqlglot-4014"]
+    assert sqlglot.metadata["agent_baseline_bytes"] == 158_800_000
+    heaviest = max(sqlglot.steps, key=lambda s: s.action.memory.peak_bytes).action
+    assert (heaviest.command, heaviest.action_class) == ("python3 -m pytest", "test_runner")
+    assert heaviest.duration_s == pytest.approx(29.471)
+    assert heaviest.memory.peak_bytes == 2_076_000_000 - 158_800_000
+    assert max(w.profiled_peak_bytes for w in trace.workflows) == heaviest.memory.peak_bytes
+
     path = write_trace(trace, tmp_path / "agentcgroup.jsonl")
-    assert path.stat().st_size < 1_000_000
     assert load_trace(path) == trace

@@ -11,7 +11,8 @@ from tenon.errors import TraceError
 from tenon.replay.importers.miniswe import import_mini_swe_agent, load_memory_profile
 from tenon.replay.trace import Memory
 
-SHARED = Path("/work/shared/traces/mini-swe-agent")
+# Real trajectories (see tests/data/traces/README.md).
+EXCERPT = Path(__file__).resolve().parents[1] / "data" / "traces" / "mini-swe-agent"
 MB = 1_000_000
 
 
@@ -132,11 +133,37 @@ def test_profile_without_class_or_default(tmp_path):
         import_mini_swe_agent(tmp_path, profile)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared mini-swe-agent data not present")
-def test_shared_trajectories(tmp_path):
-    trace = import_mini_swe_agent(SHARED, make_profile(tmp_path / "profile.json"))
-    assert len(trace.workflows) == 4
+def test_real_trajectories(tmp_path):
+    trace = import_mini_swe_agent(EXCERPT, make_profile(tmp_path / "profile.json"))
+    astropy, django = trace.workflows
+    assert (astropy.id, django.id) == ("astropy__astropy-12907", "django__django-11099")
+    assert (astropy.family, django.family) == ("astropy", "django")
+    assert (len(astropy.steps), len(django.steps)) == (36, 42)
+    assert astropy.task_prompt is not None
+    assert astropy.task_prompt.startswith(
+        "Modeling's `separability_matrix` does not compute separability correctly for nested "
+        "CompoundModels"
+    )
+    assert django.metadata == {
+        "source": "mini-swe-agent",
+        "original_image": "docker.io/swebench/sweb.eval.x86_64.django_1776_django-11099:latest",
+        "exit_status": "Submitted",
+    }
+    # Read by hand from the messages: the first wait runs from the request's `created` second
+    # (1775802348) to the response (1775802351.874); the command finished at 1775802351.990.
+    first = astropy.steps[0]
+    assert (first.model_wait_s, first.action.duration_s) == (3.874, 0.116)
+    assert first.action.command.startswith('find . -type f -name "*.py" | grep -i separable')
+    assert first.action.memory.peak_bytes == 10 * MB  # not a test run: the default entry
+    run_tests = astropy.steps[7]
+    assert run_tests.action.command.startswith("cd /testbed && python3 -m pytest astropy/")
+    assert (run_tests.model_wait_s, run_tests.action.duration_s) == (3.52, 0.205)
+    assert run_tests.action.action_class == "test_runner"
+    assert run_tests.action.memory.peak_bytes == 900 * MB
+    assert astropy.steps[12].model_wait_s == 49.331
+    # The submit command is the last message before exit: no result, so no duration.
     for workflow in trace.workflows:
-        assert workflow.task_prompt
-        assert len(workflow.steps) > 5
-        assert all(0 <= step.model_wait_s < 600 for step in workflow.steps)
+        last = workflow.steps[-1]
+        assert last.action.command.startswith("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+        assert last.action.duration_s == 0
+    assert (astropy.steps[-1].model_wait_s, django.steps[-1].model_wait_s) == (3.927, 3.804)
