@@ -10,10 +10,10 @@ from pathlib import Path, PurePosixPath
 from tenon.errors import ConfigError, HostError
 from tenon.host.cgroup import SandboxCgroup
 from tenon.host.cgroupfs import read_int, read_keyed, read_text
-from tenon.host.layout import CgroupLayout, detect_layout
+from tenon.host.layout import CGROUP_ROOT, CgroupLayout, detect_layout
 from tenon.host.types import CgroupVersion, MemoryReading, OomEvent, PressureReading
 
-__all__ = ["SandboxCgroup", "WorkloadDomain"]
+__all__ = ["SandboxCgroup", "WorkloadDomain", "remove_empty_domain_dirs"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,3 +206,20 @@ class WorkloadDomain:
             for parent, subdirs, _ in os.walk(top):
                 found |= {os.path.relpath(os.path.join(parent, d), top) for d in subdirs}
         return sorted(found, key=lambda rel: rel.count("/"), reverse=True)
+
+
+def remove_empty_domain_dirs(domain_name: str, cgroup_root: Path = CGROUP_ROOT) -> list[Path]:
+    """Remove each `<hierarchy>/<domain_name>` directory under `cgroup_root` that has no
+    child cgroup (a cgroup's own files are not directories); one that still has children is
+    left, with a warning. The directories removed."""
+    removed = []
+    for directory in cgroup_root.glob(f"*/{domain_name}"):
+        if any(child.is_dir() for child in directory.iterdir()):
+            logger.warning("cgroup %s still has children; leaving it", directory)
+            continue
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            continue
+        removed.append(directory)
+    return removed

@@ -10,6 +10,7 @@ from tenon.host.cgroupfs import CgroupIO, KernelIO
 from tenon.host.types import CgroupVersion
 
 V1_CONTROLLERS = ("memory", "freezer", "pids", "cpu", "cpuacct")
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # where the hierarchies are mounted
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class CgroupLayout:
         return tuple(sorted(self.mounts))
 
 
-def detect_layout(cgroup_root: Path = Path("/sys/fs/cgroup")) -> CgroupLayout:
+def detect_layout(cgroup_root: Path = CGROUP_ROOT) -> CgroupLayout:
     """Detect the layout under `cgroup_root`; CgroupUnavailable without a memory controller."""
     v2_controllers = cgroup_root / "cgroup.controllers"
     if v2_controllers.exists():

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tenon.errors import HostError
-from tenon.host import sockdiag
+from tenon.host import procfs, sockdiag
 
 PROC_ROOT = Path("/proc")
 MQUEUE_DIR = "/dev/mqueue"
@@ -61,7 +61,7 @@ def _in_namespaces(pid: int, kinds: tuple[str, ...], read: Callable[[], _T],
     def run() -> None:
         try:
             for kind in kinds:
-                fd = os.open(proc_root / str(pid) / "ns" / kind, os.O_RDONLY | os.O_CLOEXEC)
+                fd = procfs.open_namespace(pid, kind, proc_root)
                 try:
                     _setns(fd, _NAMESPACES[kind])
                 finally:

@@ -59,6 +59,8 @@ class WorkflowRecord:
 
 
 def action_command(action: Action, *, speed: float, sim: bool) -> str:
+    """The command that reproduces `action`: for a simulated backend (`sim`) always its
+    profile in the simulator's language, else the command itself or the load program."""
     memory = action.memory
     duration_s = action.duration_s / speed
     if sim:
@@ -135,7 +137,7 @@ async def replay(
     workspace (`/workspace/step-<n>.bin`), so restarts have committed bytes to keep.
     """
     clock = runtime.clock
-    sim = runtime.backend.name == "sim"
+    sim = runtime.backend.simulated
     start = clock.now()
     records = [WorkflowRecord(s.instance, s.submit_s) for s in submissions]
     done = Journal(journal) if journal is not None else None

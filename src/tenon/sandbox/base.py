@@ -152,6 +152,24 @@ class DomainMeter(Protocol):
     def set_budget(self, budget_bytes: int | None) -> None: ...
 
 
+@dataclass(frozen=True)
+class BackendCapacity:
+    """How much a backend serves well at once, beyond what memory allows; None: no limit of
+    its own. The runtime takes these where its config says "auto"
+    (`PolicyConfig.max_admitted_actions`, `PolicyConfig.max_live_workflows`)."""
+
+    max_admitted_actions: int | None = None
+    """Actions running at once before each one slows down (e.g. a daemon serving every exec)."""
+    max_live_workflows: int | None = None
+    """Workflows worth keeping live at once; more only queue for the admitted actions."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_admitted_actions", "max_live_workflows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 or None, got {value}")
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """A live physical sandbox."""
@@ -162,6 +180,12 @@ class Sandbox(Protocol):
     @property
     def cgroup_name(self) -> str:
         """The sandbox's cgroup, relative to the workload domain."""
+        ...
+
+    @property
+    def cgroup(self) -> SandboxMeter:
+        """The sandbox's cgroup as the controller reads, gates and throttles it. It holds
+        every process of the sandbox, and stays the same object for the sandbox's life."""
         ...
 
     async def exec(
@@ -194,7 +218,23 @@ class Sandbox(Protocol):
 class SandboxBackend(Protocol):
     """Materializes sandboxes of one kind."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The backend's type tag (`sandbox.config`), recorded with each agent so that a
+        controller restarted on another backend refuses to rebuild its sandboxes."""
+        ...
+
+    @property
+    def simulated(self) -> bool:
+        """True when sandboxes run no programs: exec understands only the simulated load
+        command (`sandbox.sim.sim_load_command`) and time is the injected clock's. False
+        when exec takes a shell command (the replay's load program, or the agent's own)."""
+        ...
+
+    def capacity(self) -> BackendCapacity:
+        """What this backend serves well at once, beyond memory (cheap; may read the host's
+        CPU count)."""
+        ...
 
     def check(self) -> list[str]:
         """Problems that prevent materializing (empty when ready), each with its fix."""

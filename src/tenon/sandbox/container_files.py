@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tenon.host import procfs
 from tenon.sandbox.base import PERSISTENT_MOUNTS
 
 # Mount points runc creates in the writable layer; they and their parent dirs are no action's.
@@ -29,30 +30,20 @@ def walk_upper(upper: Path) -> list[tuple[str, bool]]:
     return found
 
 
-def _mount_table(pid: int) -> list[tuple[str, bool, str, str]]:
-    """(mount point, mounted read-write, filesystem type, root within its filesystem) for
-    each mount `pid` sees (proc(5) mountinfo: the per-mount options are field 6)."""
-    table = []
-    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
-        before, after = line.split(" - ", 1)
-        fields = before.split()
-        root, mount_point, options = fields[3], fields[4], fields[5].split(",")
-        table.append((mount_point, "rw" in options, after.split()[0], root))
-    return table
-
-
 def unexpected_writable_mounts(pid: int, disposable: tuple[str, ...]) -> list[str]:
     """Writable mounts in `pid`'s mount namespace that may hold an action's state and that
     `leftover_state` does not inspect."""
     inspected = (*PERSISTENT_MOUNTS.values(), *disposable, *_INSPECTED_MOUNTS)
     unexpected = []
-    for mount_point, writable, fs_type, root in _mount_table(pid):
-        if not writable or mount_point in inspected or mount_point in _STATELESS_MOUNTS:
+    for mount in procfs.mount_table(pid):
+        mount_point = mount.mount_point
+        if not mount.writable or mount_point in inspected or mount_point in _STATELESS_MOUNTS:
             continue
-        if mount_point.startswith("/proc/") and (fs_type == "proc" or root == "/null"):
+        if mount_point.startswith("/proc/") and (mount.fs_type == "proc"
+                                                 or mount.root == "/null"):
             continue  # a /proc entry, or one Docker masks with a bind of /dev/null
         if mount_point in _ROOT_ONLY_MOUNTS:
-            st = Path(f"/proc/{pid}/root{mount_point}").stat()
+            st = procfs.stat_in_root(pid, mount_point)
             if st.st_uid == 0 and not st.st_mode & 0o022:
                 continue
         unexpected.append(mount_point)

@@ -53,7 +53,9 @@ from tenon.errors import (
     SandboxError,
     SandboxFrozen,
 )
-from tenon.host import nsinspect, procs
+from tenon.host import nsinspect, procfs, procs
+from tenon.host.domain import remove_empty_domain_dirs
+from tenon.host.layout import CGROUP_ROOT
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
     OutputBuffer,
@@ -66,6 +68,7 @@ from tenon.sandbox._exec import (
 from tenon.sandbox.base import (
     HOME_DIR,
     PERSISTENT_MOUNTS,
+    BackendCapacity,
     ExecIO,
     ExecResult,
     ProcessInfo,
@@ -210,11 +213,10 @@ def engine_problems(client: docker.DockerClient) -> list[str]:
 
 
 def _container_cgroup(init_pid: int, domain_name: str, fallback: str) -> str:
-    """The container's cgroup relative to the domain, read from its init's /proc entry."""
+    """The container's cgroup relative to the domain, as its init's memory hierarchy has it."""
     with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{init_pid}/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(",") and path.startswith(f"/{domain_name}/"):
+        for controllers, path in procfs.cgroups_of(init_pid):
+            if "memory" in controllers and path.startswith(f"/{domain_name}/"):
                 return path.removeprefix(f"/{domain_name}/")
     return fallback  # pure v2 has no "memory" line; cgroupfs names it <domain>/<id> there too
 
@@ -239,6 +241,7 @@ class DockerBackend:
     """Materializes sandboxes as Docker containers inside the workload domain."""
 
     name = "docker"
+    simulated = False
 
     def __init__(self, domain: WorkloadDomain, client: docker.DockerClient | None = None, *,
                  uids: UidAllocator | None = None) -> None:
@@ -252,20 +255,23 @@ class DockerBackend:
             self._client = connect()
         return self._client
 
-    @staticmethod
-    def admission_cap() -> int:
-        """Actions the Engine serves well at once: 4 per core. Each exec is a round of API
-        calls the daemon handles on the host's cores; on 2 cores 50-60 concurrent ones made
-        a 0.05 s action take a median of 5.4 s, and the 8x replay took 712.6 s uncapped,
-        418.4 s capped at 16 and 342.6 s at 8 (bench/results/README.md, session 6)."""
-        return 4 * len(os.sched_getaffinity(0))
+    def capacity(self) -> BackendCapacity:
+        """Actions the Engine serves well at once: 4 per core, because each exec is a round
+        of API calls the daemon handles on the host's cores, and concurrent ones beyond that
+        slow every action down more than the extra concurrency gains. Workflows worth
+        keeping live: twice that, so that one's model wait leaves a ready action to serve;
+        more only queue, each of their sandboxes torn down and rebuilt while it waits
+        (`PolicyConfig.max_live_workflows`)."""
+        max_actions = 4 * len(os.sched_getaffinity(0))
+        return BackendCapacity(max_admitted_actions=max_actions,
+                               max_live_workflows=2 * max_actions)
 
-    @classmethod
-    def live_workflow_cap(cls) -> int:
-        """Workflows worth keeping live at once: twice the action cap, so that one's model
-        wait leaves a ready action to serve. More only queue, and each of their sandboxes
-        is torn down and rebuilt while it waits (`PolicyConfig.max_live_workflows`)."""
-        return 2 * cls.admission_cap()
+    # The runtime still looks these up by name when its config says "auto".
+    def admission_cap(self) -> int | None:
+        return self.capacity().max_admitted_actions
+
+    def live_workflow_cap(self) -> int | None:
+        return self.capacity().max_live_workflows
 
     def check(self, image: str = "tenon-base:bookworm") -> list[str]:
         try:
@@ -729,16 +735,11 @@ class _DockerControl:
             await sandbox._kill_exec(exec_id, token)
 
 
-def remove_parent_cgroups(domain_name: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+def remove_parent_cgroups(domain_name: str, cgroup_root: Path = CGROUP_ROOT) -> None:
     """Remove the empty `<hierarchy>/<domain>` directories Docker's cgroupfs driver made in
     hierarchies the domain does not own (blkio, devices, unified...). Call after
     `WorkloadDomain.remove()`; it is here because only this backend creates them."""
-    for directory in cgroup_root.glob(f"*/{domain_name}"):
-        if any(child.is_dir() for child in directory.iterdir()):
-            logger.warning("cgroup %s still has children; leaving it", directory)
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            directory.rmdir()
+    remove_empty_domain_dirs(domain_name, cgroup_root)
 
 
 def cleanup_domain_containers(client: docker.DockerClient, domain_name: str) -> int:

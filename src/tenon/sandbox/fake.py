@@ -26,7 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from tenon.errors import SandboxDied, SandboxError, SandboxFrozen
-from tenon.sandbox.base import ExecIO, ExecResult, ProcessInfo, SandboxSpec
+from tenon.host.types import GateResult, MemoryReading
+from tenon.sandbox.base import BackendCapacity, ExecIO, ExecResult, ProcessInfo, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +141,64 @@ class FakeControl:
         self._stdin_open = False
 
 
+class FakeMeter:
+    """A fake sandbox's cgroup (`SandboxMeter`): its readings are the attributes a test sets,
+    and the gate's freeze and thaw flip `frozen`, which the fake sandbox's exec honours."""
+
+    def __init__(self) -> None:
+        self.usage_bytes = 0
+        self.peak_bytes = 0
+        self.cpu_usage_s = 0.0
+        self.num_oom_kills = 0
+        self.frozen = False
+        self.held_total_s = 0.0  # what `held_s` reports; a test advances it
+        self.cpu_fraction: float | None = None
+        self.memory_high_bytes: int | None = None
+        self._seen_oom_kills = 0
+
+    def reading(self) -> MemoryReading:
+        return MemoryReading(self.usage_bytes, max(self.peak_bytes, self.usage_bytes), None,
+                             self.cpu_usage_s, self.num_oom_kills)
+
+    def sample(self) -> tuple[int, float]:
+        return self.usage_bytes, self.cpu_usage_s
+
+    def new_oom_kills(self) -> int:
+        fresh, self._seen_oom_kills = self.num_oom_kills - self._seen_oom_kills, self.num_oom_kills
+        return fresh
+
+    def reset_peak(self) -> bool:
+        self.peak_bytes = self.usage_bytes
+        return True
+
+    def is_frozen(self) -> bool:
+        return self.frozen
+
+    def freeze(self, timeout_s: float = 5.0) -> GateResult:
+        changed, self.frozen = not self.frozen, True
+        return GateResult(True, changed, 0.0)
+
+    def thaw(self, timeout_s: float = 5.0) -> GateResult:
+        changed, self.frozen = self.frozen, False
+        return GateResult(False, changed, 0.0)
+
+    def held_s(self) -> float:
+        return self.held_total_s
+
+    def set_cpu_quota(self, fraction: float | None) -> None:
+        if fraction is not None and not fraction > 0:
+            raise ValueError(f"cpu quota must be a positive fraction of a CPU, got {fraction}")
+        self.cpu_fraction = fraction
+
+    def set_memory_high(self, high_bytes: int | None) -> None:
+        if high_bytes is not None and high_bytes < 0:
+            raise ValueError(f"memory.high must not be negative, got {high_bytes}")
+        self.memory_high_bytes = high_bytes
+
+
 class FakeSandbox:
-    """A live fake sandbox. Leftover processes and outside writes are plain attributes."""
+    """A live fake sandbox. Leftover processes and outside writes are plain attributes;
+    `frozen` is its meter's (`cgroup`) freezer state."""
 
     def __init__(
         self, spec: SandboxSpec, backend: FakeBackend, script: Script | None = None
@@ -153,7 +210,7 @@ class FakeSandbox:
         self.set_script(script)
         self.leftover_processes: list[ProcessInfo] = []
         self.leftovers: list[str] | None = []
-        self.frozen = False
+        self._meter = FakeMeter()
         self.destroyed = False
         self.commands: list[str] = []
         self.last_stdin = b""  # what the latest command with stdin was fed
@@ -165,6 +222,18 @@ class FakeSandbox:
     @property
     def cgroup_name(self) -> str:
         return f"fake-{self._spec.sandbox_id}"
+
+    @property
+    def cgroup(self) -> FakeMeter:
+        return self._meter
+
+    @property
+    def frozen(self) -> bool:
+        return self._meter.frozen
+
+    @frozen.setter
+    def frozen(self, frozen: bool) -> None:
+        self._meter.frozen = frozen
 
     def set_script(self, script: Script | None) -> None:
         """Replace the script: one callable for all commands, or a queue of steps."""
@@ -250,6 +319,8 @@ class FakeBackend:
     """
 
     name = "fake"
+    simulated = False  # exec hands any command to the script
+
 
     def __init__(
         self,
@@ -264,6 +335,9 @@ class FakeBackend:
         self.problems = list(problems)
         self.require_workspace = require_workspace
         self.sandboxes: list[FakeSandbox] = []
+
+    def capacity(self) -> BackendCapacity:
+        return BackendCapacity()
 
     def check(self) -> list[str]:
         return list(self.problems)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tenon.errors import BackendUnavailable, ImageNotFound
+from tenon.sandbox.config import DEFAULT_STATE_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ def _docker_has(name: str) -> bool:
 def build_image(
     name: str = "tenon-base:bookworm",
     *,
-    state_dir: Path = Path("/var/lib/tenon"),
+    state_dir: Path = DEFAULT_STATE_DIR,
     force: bool = False,
     docker: bool | None = None,
 ) -> ImageInfo:

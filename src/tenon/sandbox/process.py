@@ -48,7 +48,7 @@ from tenon.errors import (
     SandboxFrozen,
     TenonError,
 )
-from tenon.host import nsinspect, procs
+from tenon.host import nsinspect, procfs, procs
 from tenon.host.domain import SandboxCgroup, WorkloadDomain
 from tenon.sandbox import seccomp
 from tenon.sandbox._exec import (
@@ -69,11 +69,13 @@ from tenon.sandbox._exec import (
 from tenon.sandbox.base import (
     HOME_DIR,
     PERSISTENT_MOUNTS,
+    BackendCapacity,
     ExecIO,
     ExecResult,
     ProcessInfo,
     SandboxSpec,
 )
+from tenon.sandbox.config import DEFAULT_STATE_DIR
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
@@ -106,11 +108,12 @@ class ProcessBackend:
     """Materializes bubblewrap sandboxes under a workload domain."""
 
     name = "process"
+    simulated = False
 
     def __init__(
         self,
         domain: WorkloadDomain,
-        state_dir: Path = Path("/var/lib/tenon"),
+        state_dir: Path = DEFAULT_STATE_DIR,
         *,
         uids: UidAllocator | None = None,
     ) -> None:
@@ -135,6 +138,11 @@ class ProcessBackend:
                 raise BackendUnavailable(
                     f"{d} is not searchable by the sandbox uids; "
                     f"run: chmod o+x {d}")
+
+    def capacity(self) -> BackendCapacity:
+        """No limit beyond memory: an action is a process the kernel runs, no daemon
+        serves it."""
+        return BackendCapacity()
 
     def check(self) -> list[str]:
         problems = []
@@ -161,11 +169,8 @@ class ProcessBackend:
                     f"cgroup controller {controller} is not available; mount/enable it "
                     f"(see: tenon doctor)"
                 )
-        try:
-            max_userns = int(Path("/proc/sys/user/max_user_namespaces").read_text())
-        except (OSError, ValueError):
-            max_userns = 1
-        if max_userns < 1:
+        max_userns = procfs.max_user_namespaces()
+        if max_userns is not None and max_userns < 1:
             problems.append(
                 "user namespaces are disabled; run: sysctl user.max_user_namespaces=15000"
             )
@@ -282,7 +287,7 @@ class ProcessBackend:
             child_pid = read_child_pid(info_r)
             init_pid = _init_pid(cgroup, child_pid)
             for ns in ("mnt", "net"):
-                if os.readlink(f"/proc/{child_pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}"):
+                if procfs.shares_namespace(child_pid, ns):
                     raise SandboxError(f"sandbox {spec.sandbox_id} did not get its own "
                                        f"{ns} namespace")
             usernet = None
@@ -514,18 +519,15 @@ class ProcessSandbox:
             return None
         writable = (*_WRITABLE_MOUNTS, *self._spec.disposable)
         try:
-            mountinfo = Path(f"/proc/{self.child_pid}/mountinfo").read_text()
-            for line in mountinfo.splitlines():
-                fields = line.split()
-                mount_point, options = fields[4], fields[5].split(",")
-                if "rw" not in options:
+            for mount in procfs.mount_table(self.child_pid):
+                if not mount.writable:
                     continue
-                allowed = any(mount_point == m or mount_point.startswith(m + "/")
-                              for m in writable)
-                device_node = mount_point.startswith("/dev/") and fields[-3] == "devtmpfs"
+                point = mount.mount_point
+                allowed = any(point == m or point.startswith(m + "/") for m in writable)
+                device_node = point.startswith("/dev/") and mount.fs_type == "devtmpfs"
                 if not (allowed or device_node):
                     logger.warning("sandbox %s: unexpected writable mount %s",
-                                   self._spec.sandbox_id, mount_point)
+                                   self._spec.sandbox_id, point)
                     return None
             return nsinspect.namespace_state(self.child_pid)
         except (OSError, IndexError) as exc:

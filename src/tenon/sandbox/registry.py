@@ -1,31 +1,31 @@
-"""Backends chosen by a type tag and imported lazily."""
+"""A backend by the name the CLI's `--backend` flag gives, built through its typed config."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tenon.errors import ConfigError
+from tenon.sandbox.config import BackendConfig, parse_backend_config
 
 if TYPE_CHECKING:
     from tenon.host.domain import WorkloadDomain
     from tenon.sandbox.base import SandboxBackend
 
-BACKENDS = {
-    "process": ("tenon.sandbox.process", "ProcessBackend"),
-    "docker": ("tenon.sandbox.docker", "DockerBackend"),
-}
+# The backends that run real sandboxes; "sim" needs a simulated domain and the runtime's
+# clock, so it is built from its config (`sandbox.config.SimBackendConfig`) instead.
+BACKENDS = ("docker", "process")
+
+
+def backend_config(name: str, state_dir: Path) -> BackendConfig:
+    """The config the flags `--backend name --state-dir state_dir` select."""
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
+    fields = {"state_dir": state_dir} if name == "process" else {}
+    return parse_backend_config({"type": name, **fields})
 
 
 def make_backend(name: str, domain: WorkloadDomain, state_dir: Path) -> SandboxBackend:
-    """Instantiate the backend called `name`; unknown names get a clear error."""
-    try:
-        module_name, class_name = BACKENDS[name]
-    except KeyError:
-        known = ", ".join(sorted(BACKENDS))
-        raise ConfigError(f"unknown backend {name!r}; known backends: {known}") from None
-    cls = getattr(importlib.import_module(module_name), class_name)
-    if name == "process":
-        return cls(domain, state_dir=state_dir)  # type: ignore[no-any-return]
-    return cls(domain)  # type: ignore[no-any-return]
+    """Instantiate the backend called `name` (its module imported only now); an unknown
+    name is a ConfigError listing the known ones."""
+    return backend_config(name, state_dir).make(domain)

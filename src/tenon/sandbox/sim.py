@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from tenon.clock import Clock
 from tenon.errors import ConfigError, SandboxDied, SandboxError, SandboxFrozen
 from tenon.host.types import CgroupVersion, GateResult, MemoryReading
-from tenon.sandbox.base import ExecIO, ExecResult, ProcessInfo, SandboxSpec
+from tenon.sandbox.base import BackendCapacity, ExecIO, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.fake import FakeControl
 
 logger = logging.getLogger(__name__)
@@ -333,6 +333,7 @@ class SimBackend:
     """Materializes simulated sandboxes in a `SimDomain`, taking `materialize_s` of clock time."""
 
     name = "sim"
+    simulated = True
 
     def __init__(self, domain: SimDomain, clock: Clock, *, materialize_s: float = 0.02,
                  base_bytes: int = 0) -> None:
@@ -341,6 +342,10 @@ class SimBackend:
         self.materialize_s = materialize_s
         self.base_bytes = base_bytes  # what an idle sandbox's init costs
         self.sandboxes: list[SimSandbox] = []
+
+    def capacity(self) -> BackendCapacity:
+        """No limit beyond memory: simulated actions cost no CPU of the host."""
+        return BackendCapacity()
 
     def check(self) -> list[str]:
         return []

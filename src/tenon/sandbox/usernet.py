@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tenon.errors import SandboxError
+from tenon.host import procfs
 from tenon.sandbox._exec import enter_cgroup_argv, wait_ready
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class UserNet:
     async def start(cls, slirp4netns: str, setpriv: str, target_pid: int, host_uid: int,
                     procs_files: Iterable[Path]) -> UserNet:
         """Connect the network namespace of `target_pid`; return once it is configured."""
-        net_fd = os.open(f"/proc/{target_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        net_fd = procfs.open_namespace(target_pid, "net")
         try:
             owner_fd = fcntl.ioctl(net_fd, _NS_GET_USERNS)  # the netns's owning user namespace
         finally:
