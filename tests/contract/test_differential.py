@@ -1,6 +1,6 @@
 """Residency is invisible: the differential corpus on the process and Docker backends.
 
-Each scripted run (`tenon.runtime.differential_corpus`) runs twice through a
+Each scripted run (`tenon.replay.differential_corpus`) runs twice through a
 ResidencyManager on a real backend: resident throughout, and torn down at every boundary
 the restart-safe check allows. Every action must give the same exit code, timed-out flag
 and output; every boundary must be torn down except those resident-only by design (the
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from tenon.runtime.differential import differential, open_manager
-from tenon.runtime.differential_corpus import corpus
+from tenon.replay.differential import differential, open_manager
+from tenon.replay.differential_corpus import corpus
 from tenon.sandbox.image import build_image
 
 IMAGE = "tenon-base:bookworm"

@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 
 from tenon.clock import FakeClock
-from tenon.runtime.differential import (
+from tenon.replay.differential import (
     Boundary,
     Comparison,
     RunResult,
-    Script,
-    Step,
     StepResult,
     compare,
     differential,
     summarize,
 )
+from tenon.replay.differential_script import Script, Step
 from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import ResidencyManager
 from tenon.runtime.workspace import WorkspaceStore

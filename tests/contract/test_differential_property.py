@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_differential import IMAGE, STATE_DIR, require_backend
 
-from tenon.runtime.differential import Script, Step, differential, open_manager
+from tenon.replay.differential import differential, open_manager
+from tenon.replay.differential_script import Script, Step
 
 pytestmark = pytest.mark.slow
 

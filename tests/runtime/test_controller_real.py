@@ -77,7 +77,7 @@ async def test_burst_at_4x_the_budget_tenon_has_no_oom_kill_eager_does(tmp_path:
 
 async def test_sampling_bench_reports_its_keys_and_cleans_up() -> None:
     _need_real_sandboxes()
-    from tenon.runtime.bench import bench_sampling
+    from tenon.replay.sampling_bench import bench_sampling
 
     result = await bench_sampling(num_sandboxes=3, seconds=0.5, state_dir=STATE_DIR)
     assert result["sandboxes"] == 3

@@ -329,7 +329,7 @@ async def test_runtime_names_a_full_workspace_and_rebuilds_onto_a_remounted_root
 
 @pytest.mark.disk
 def test_workspace_bench_times_each_step_and_leaves_nothing(state_dir):
-    from tenon.runtime.workspace_bench import bench_workspaces
+    from tenon.replay.workspace_bench import bench_workspaces
 
     limits = DiskLimits(disk_bytes=128 * MIB, max_inodes=2048)  # room for the capture tree
     result = bench_workspaces(num_runs=2, state_dir=state_dir, limits=limits)

@@ -246,8 +246,14 @@ def _run_one(console: Console, config: BenchConfig) -> dict[str, Any]:
                   f"{config.budget_bytes / 2**30:.2f} GiB, speed {config.speed}x -> "
                   f"{config.out_dir}")
     start = time.monotonic()
+    e2b_driver = None
+    if config.via != "inproc":  # the service (FastAPI, the E2B SDK) only when asked for
+        from tenon.service.replay_e2b import replay_via_e2b
+
+        e2b_driver = replay_via_e2b
     with progress, interruptible():
-        summary = asyncio.run(run_bench(config, on_policy_start=started, on_done=done))
+        summary = asyncio.run(run_bench(config, on_policy_start=started, on_done=done,
+                                        e2b_driver=e2b_driver))
     written = draw(config.out_dir)
     console.print(Markdown(table_markdown(summary)))
     delays = config.out_dir / "delays.md"

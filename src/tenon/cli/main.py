@@ -148,7 +148,7 @@ def bench_replay_cmd(
         console.print(ctx.get_help())
         raise typer.Exit(2)
     from tenon.cli.bench import parse_seconds, parse_settings, run_cli_bench
-    from tenon.replay.via_e2b import check_via
+    from tenon.replay.bench import check_via
 
     try:
         check_via(via, backend)
@@ -274,7 +274,7 @@ def bench_sampling_cmd(
     image: Image = DEFAULT_IMAGE,
 ) -> None:
     """CPU cost of the execution loop sampling N real sandboxes every 100 ms."""
-    from tenon.runtime.bench import bench_sampling
+    from tenon.replay.sampling_bench import bench_sampling
 
     try:
         if not math.isfinite(seconds) or seconds > MAX_SAMPLING_S:

@@ -41,7 +41,7 @@ def _check_outputs(*paths: tuple[Path | None, str]) -> None:
 
 
 def _episodes(traces: list[Path]) -> list[Episode]:
-    from tenon.predict.episodes import episodes_from_traces
+    from tenon.replay.predictors import episodes_from_traces
     from tenon.replay.trace import load_trace
 
     episodes = episodes_from_traces(load_trace(path) for path in traces)

@@ -8,7 +8,6 @@ from tenon.policy.admission import (
     AdmissionController,
     AdmitDecision,
     ChargeNotHeld,
-    Prediction,
     admission_charge,
     water_level_charge,
 )
@@ -37,6 +36,7 @@ from tenon.policy.residency import (
     rebuild_decision,
     residency_decision,
 )
+from tenon.predict.base import Prediction
 
 __all__ = [
     "ActionRequest",

@@ -20,18 +20,11 @@ from dataclasses import dataclass, replace
 
 from tenon.errors import TenonError
 from tenon.policy.config import PolicyConfig
+from tenon.predict.base import Prediction
 
 
 class ChargeNotHeld(TenonError, KeyError):
     """A release named an action that holds no charge (never admitted, or released)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    avg_bytes: int
-    peak_bytes: int
-    heavy_risk: bool = False
-    """The predictor flags this action as possibly heavy regardless of its peak."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,11 @@
 
 A predictor sees only what is known before an action starts (`ActionContext`: the command,
 its class, the workflow's scope and the measured figures of its earlier actions) and returns
-a `Prediction` (average, peak, heavy risk). After the action completes, the runtime hands the
-measured figures back through `observe`, so later predictions can use them.
+a `Prediction` (average, peak, heavy risk), which admission (`policy.admission`) charges.
+After the action completes, the runtime hands the measured figures back through `observe`,
+and while a running action crosses the heavy line it reports the peak so far through
+`observe_running`, so later predictions can use them. A predictor that does not learn
+during a run implements both as no-ops.
 """
 
 from __future__ import annotations
@@ -11,9 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tenon.policy.admission import Prediction
+__all__ = ["ActionContext", "MeasuredAction", "Prediction", "Predictor"]
 
-__all__ = ["ActionContext", "LearningPredictor", "MeasuredAction", "Prediction", "Predictor"]
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One action's predicted memory demand (bytes), as admission charges it."""
+
+    avg_bytes: int
+    peak_bytes: int
+    heavy_risk: bool = False
+    """The predictor flags this action as possibly heavy regardless of its peak."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +68,22 @@ class ActionContext:
 
 
 class Predictor(Protocol):
-    """Predicts one action's memory demand; `name` identifies it in logs and results."""
+    """Predicts one action's memory demand and hears what actions measured; `name`
+    identifies it in logs and results."""
 
     name: str
 
-    def predict(self, context: ActionContext) -> Prediction: ...
+    def predict(self, context: ActionContext) -> Prediction:
+        """The demand of the action `context` describes, from what is known before it starts."""
+        ...
 
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """The action `context` described has completed and measured `measured` (not called
+        for an action whose sandbox died: it measured nothing about the action)."""
+        ...
 
-class LearningPredictor(Predictor, Protocol):
-    """A predictor that learns from each completed action (the runtime calls `observe`)."""
-
-    def observe(self, context: ActionContext, measured: MeasuredAction) -> None: ...
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """The action `context` describes is still running and has reached `peak_bytes`
+        (reported when it crosses the heavy line, and again each time it grows by a tenth),
+        so peers can expect that peak before it ends."""
+        ...

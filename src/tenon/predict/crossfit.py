@@ -1,29 +1,24 @@
 """Cross-fitted predictors for the replay bench: no workflow is predicted by a model that saw it.
 
-The bench replays the same trace it would learn from. `crossfit_predictor` splits the trace's
-workflows into folds (as `evaluate_folds` does), fits one predictor per fold on the other
+The bench replays the same workflows it would learn from. `crossfit_predictor` splits the
+episodes into folds (as `evaluate_folds` does), fits one predictor per fold on the other
 folds, and sends each action to the predictor whose training set left its workflow out. Bench
-submissions are named `<trace workflow id>#<copy>`; an id not in the trace goes to a predictor
-fitted on every workflow.
+submissions are named `<trace workflow id>#<copy>`; an id not among the episodes goes to a
+predictor fitted on every workflow. (`replay.predictors` cross-fits over a trace.)
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext, MeasuredAction, Predictor
-from tenon.predict.episodes import episodes_from_trace, trace_workflow_id
+from tenon.predict.base import ActionContext, MeasuredAction, Prediction, Predictor
+from tenon.predict.episodes import Episode, trace_workflow_id
 from tenon.predict.forest import ForestConfig
 from tenon.predict.model import DEFAULT_HEAVY_PEAK_BYTES, fit_predictor
 from tenon.predict.splits import workflow_folds
 
-if TYPE_CHECKING:
-    from tenon.replay.trace import Trace
-
-__all__ = ["CrossFitPredictor", "crossfit_predictor", "trace_predictor"]
+__all__ = ["CrossFitPredictor", "crossfit_predictor"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +40,23 @@ class CrossFitPredictor:
         return self.predictor_for(context.workflow_id).predict(context)
 
     def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
-        """Hands the measured figures to every fold's predictor that learns: what a workflow
-        measured at run time is news to all of them, not only the one predicting it."""
-        for predictor in {id(p): p for p in (*self._by_workflow.values(), self._fallback)}.values():
-            observe = getattr(predictor, "observe", None)
-            if observe is not None:
-                observe(context, measured)
+        """Hands the measured figures to every fold's predictor: what a workflow measured at
+        run time is news to all of them, not only the one predicting it."""
+        for predictor in self._predictors():
+            predictor.observe(context, measured)
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """Hands a running action's peak to every fold's predictor, as `observe` does."""
+        for predictor in self._predictors():
+            predictor.observe_running(context, peak_bytes)
+
+    def _predictors(self) -> list[Predictor]:
+        """Every fold's predictor and the fallback, each once."""
+        return list({id(p): p for p in (*self._by_workflow.values(), self._fallback)}.values())
 
 
 def crossfit_predictor(
-    trace: Trace,
+    episodes: Sequence[Episode],
     *,
     folds: int = 5,
     seed: int = 0,
@@ -63,7 +65,6 @@ def crossfit_predictor(
     config: ForestConfig | None = None,
 ) -> Predictor:
     """`kind` (static, history or forest) fitted `folds` times, each leaving one fold out."""
-    episodes = episodes_from_trace(trace)
     fallback = fit_predictor(episodes, kind, heavy_peak_bytes=heavy_peak_bytes, config=config)
     by_workflow: dict[str, Predictor] = {}
     if len(episodes) < 2:
@@ -83,15 +84,3 @@ def crossfit_predictor(
     logger.info("cross-fitted %s on %d workflows in %d folds", kind, len(episodes), len(groups))
     return CrossFitPredictor(kind, by_workflow, fallback)
 
-
-def trace_predictor(
-    trace: Trace,
-    *,
-    kind: str = "forest",
-    heavy_peak_bytes: int = DEFAULT_HEAVY_PEAK_BYTES,
-    config: ForestConfig | None = None,
-) -> Predictor:
-    """`kind` fitted on every workflow of `trace` (in-sample when the bench replays it)."""
-    return fit_predictor(
-        episodes_from_trace(trace), kind, heavy_peak_bytes=heavy_peak_bytes, config=config
-    )

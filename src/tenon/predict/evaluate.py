@@ -32,8 +32,7 @@ from typing import Any, Final
 import numpy as np
 
 from tenon.errors import ConfigError
-from tenon.policy.admission import Prediction
-from tenon.predict.base import MeasuredAction, Predictor
+from tenon.predict.base import MeasuredAction, Prediction, Predictor
 from tenon.predict.episodes import Episode
 from tenon.predict.features import MIB
 from tenon.predict.forest import ForestConfig
@@ -112,13 +111,11 @@ def _ratio_pct(part: int, whole: int) -> float | None:
 
 def replay(predictor: Predictor, episodes: Sequence[Episode]) -> Outcomes:
     """Predict every action of every workflow causally, in order; (prediction, measured)."""
-    observe = getattr(predictor, "observe", None)
     outcomes: Outcomes = []
     for episode in episodes:
         for context, measured in episode.contexts():
             outcomes.append((predictor.predict(context), measured))
-            if observe is not None:
-                observe(context, measured)
+            predictor.observe(context, measured)
     return outcomes
 
 

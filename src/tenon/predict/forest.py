@@ -35,8 +35,7 @@ from sklearn.ensemble import (  # type: ignore[import-untyped]
 )
 
 from tenon.errors import ConfigError
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.base import ActionContext, MeasuredAction, Prediction
 from tenon.predict.classify import command_key
 from tenon.predict.features import MIB, FeatureBuilder
 from tenon.predict.trees import FlatForest
@@ -227,3 +226,7 @@ class ForestPredictor:
             runs = self._heavy_runs.setdefault(context.peer_key, {})
             key = command_key(context.command)
             runs[key] = max(runs.get(key, 0), floor)
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """Learns nothing from a running action: a heavy run is remembered when it ends
+        (`observe`), with the peak it reached."""

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext
+from tenon.predict.base import ActionContext, MeasuredAction, Prediction
 from tenon.predict.static import StaticPredictor
 
 __all__ = ["HistoryPredictor"]
@@ -32,3 +31,10 @@ class HistoryPredictor:
         last = context.history[-1]
         peak_bytes = max(last.peak_bytes, last.avg_bytes)
         return Prediction(last.avg_bytes, peak_bytes, heavy_risk=peak_bytes > self.heavy_peak_bytes)
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """Learns nothing across workflows: a workflow's own history reaches `predict`
+        through its context."""
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """Learns nothing during a run."""

@@ -1,6 +1,6 @@
 """Train the three predictors on workflows, and save or load them as one model file.
 
-    model = train_model(episodes_from_trace(trace))
+    model = train_model(episodes)  # a trace's: replay.predictors.episodes_from_trace
     save_model(model, "predictor.joblib")
     forest = load_model("predictor.joblib").predictor("forest")
 

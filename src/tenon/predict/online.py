@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext, MeasuredAction, Predictor
+from tenon.predict.base import ActionContext, MeasuredAction, Prediction, Predictor
 
 logger = logging.getLogger(__name__)
 

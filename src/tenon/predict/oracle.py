@@ -9,21 +9,17 @@ offers it.
 Actions are looked up by the workflow instance the runtime names (`ActionContext.workflow_id`,
 the replay's `<workflow id>#<copy>`) and the step's index within the attempt. An action the
 oracle was not given is a caller's mistake and fails loudly rather than being guessed.
+`replay.predictors.oracle_predictor` builds one from a trace's workflows.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 from tenon.errors import ConfigError
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext
+from tenon.predict.base import ActionContext, MeasuredAction, Prediction
 from tenon.units import MIB
-
-if TYPE_CHECKING:
-    from tenon.replay.trace import Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -33,18 +29,25 @@ class OraclePredictor:
 
     name = "oracle"
 
-    def __init__(self, workflows: Mapping[str, Workflow], *,
+    def __init__(self, recorded: Mapping[str, Sequence[MeasuredAction]], *,
                  heavy_peak_bytes: int = 1024 * MIB) -> None:
-        self._workflows = dict(workflows)
+        """`recorded`: per workflow instance, every step's recorded figures, in order."""
+        self._recorded = {instance: tuple(steps) for instance, steps in recorded.items()}
         self.heavy_peak_bytes = heavy_peak_bytes
 
     def predict(self, context: ActionContext) -> Prediction:
-        workflow = self._workflows.get(context.workflow_id)
-        if workflow is None:
+        steps = self._recorded.get(context.workflow_id)
+        if steps is None:
             raise ConfigError(f"oracle predictor: no recorded workflow {context.workflow_id!r}")
-        if not 0 <= context.step_index < len(workflow.steps):
+        if not 0 <= context.step_index < len(steps):
             raise ConfigError(f"oracle predictor: workflow {context.workflow_id!r} has "
-                              f"{len(workflow.steps)} steps, asked for step {context.step_index}")
-        memory = workflow.steps[context.step_index].action.memory
-        return Prediction(memory.avg_bytes, memory.peak_bytes,
-                          heavy_risk=memory.peak_bytes > self.heavy_peak_bytes)
+                              f"{len(steps)} steps, asked for step {context.step_index}")
+        recorded = steps[context.step_index]
+        return Prediction(recorded.avg_bytes, recorded.peak_bytes,
+                          heavy_risk=recorded.peak_bytes > self.heavy_peak_bytes)
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """Learns nothing: it already knows every action's figures."""
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """Learns nothing: it already knows every action's figures."""

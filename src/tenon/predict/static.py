@@ -11,8 +11,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from tenon.errors import ConfigError
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext, MeasuredAction
+from tenon.predict.base import ActionContext, MeasuredAction, Prediction
 from tenon.predict.classify import ACTION_CLASSES
 
 logger = logging.getLogger(__name__)
@@ -58,6 +57,12 @@ class StaticPredictor:
         avg, peak = self.table.get(context.action_class, self.table["other"])
         return Prediction(avg, peak, heavy_risk=peak > self.heavy_peak_bytes)
 
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """Learns nothing during a run: the table changes only through `fit`."""
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """Learns nothing during a run."""
+
     @classmethod
     def fit(
         cls,
@@ -96,3 +101,9 @@ class FixedPredictor:
     def predict(self, context: ActionContext) -> Prediction:
         del context
         return self._prediction
+
+    def observe(self, context: ActionContext, measured: MeasuredAction) -> None:
+        """Learns nothing: the prediction is fixed."""
+
+    def observe_running(self, context: ActionContext, peak_bytes: int) -> None:
+        """Learns nothing: the prediction is fixed."""

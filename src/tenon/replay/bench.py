@@ -9,8 +9,10 @@ finished), `table.md` and the plots (`tenon report RUN_DIR` redraws them).
 
 `via` chooses how workflows reach the runtime: `Agent.run` in-process (`replay.driver`), or
 E2B sandboxes driven with the official SDK through the E2B-compatible server wrapped around
-the same runtime (`replay.via_e2b`, real backends only); `both` runs each policy both ways,
-the second as `<policy>@e2b`, so the API's cost shows side by side.
+the same runtime (real backends only); `both` runs each policy both ways, the second as
+`<policy>@e2b`, so the API's cost shows side by side. The service sits above the replay, so
+the E2B driver is handed in (`run_bench(..., e2b_driver=...)`; the CLI passes
+`service.replay_e2b.replay_via_e2b`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import json
 import logging
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,13 +33,13 @@ from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
 from tenon.policy.baselines import parse_policy
 from tenon.policy.config import PolicyConfig
-from tenon.predict.base import MeasuredAction, Predictor
-from tenon.predict.crossfit import crossfit_predictor
+from tenon.predict.base import Predictor
 from tenon.predict.online import OnlinePredictor
-from tenon.predict.oracle import OraclePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.replay.driver import WorkflowRecord, replay
 from tenon.replay.loadprog import SCRATCH_DIR
+from tenon.replay.loop_lag import LoopLag
+from tenon.replay.predictors import crossfit_trace_predictor, oracle_predictor, recorded_actions
 from tenon.replay.schedule import (
     Submission,
     make_schedule,
@@ -45,7 +47,6 @@ from tenon.replay.schedule import (
     oversubscription,
 )
 from tenon.replay.trace import Trace, load_trace
-from tenon.replay.via_e2b import LoopLag, check_via
 from tenon.runtime.boundary import BoundaryTally
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
@@ -55,6 +56,40 @@ from tenon.units import format_bytes
 logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+VIA_CHOICES = ("inproc", "e2b", "both")
+
+
+class WorkflowDriver(Protocol):
+    """Drives the schedule's workflows against an open runtime: one record per submission,
+    in the order given, and the figures the driver adds to the policy's summary (none
+    in-process; the API's overhead per command through the E2B front door)."""
+
+    def __call__(
+        self,
+        runtime: Runtime,
+        submissions: Sequence[Submission],
+        *,
+        speed: float,
+        image_dir: Path,
+        max_retries: int,
+        on_done: Callable[[WorkflowRecord], None] | None,
+    ) -> Awaitable[tuple[list[WorkflowRecord], dict[str, Any]]]: ...
+
+
+async def drive_in_process(
+    runtime: Runtime,
+    submissions: Sequence[Submission],
+    *,
+    speed: float,
+    image_dir: Path,
+    max_retries: int,
+    on_done: Callable[[WorkflowRecord], None] | None,
+) -> tuple[list[WorkflowRecord], dict[str, Any]]:
+    """Each workflow an `Agent.run` in this process (`replay.driver.replay`)."""
+    del image_dir  # the runtime's backend already has its image
+    records = await replay(runtime, submissions, speed=speed, max_retries=max_retries,
+                           on_done=on_done)
+    return records, {}
 
 
 class BenchConfig(BaseModel):
@@ -91,6 +126,15 @@ class BenchConfig(BaseModel):
         "both: every policy in-process, then as `<policy>@e2b` through the API.")
 
 
+def check_via(via: str, backend: str) -> None:
+    """Refuse a `--via` this bench does not offer, or e2b on the simulator."""
+    if via not in VIA_CHOICES:
+        raise ConfigError(f"--via: expected one of {', '.join(VIA_CHOICES)}, got {via!r}")
+    if via != "inproc" and backend == "sim":
+        raise ConfigError(f"--via {via}: the simulator is not offered through the E2B API; "
+                          "use --backend process or docker")
+
+
 def check_budget(trace: Trace, budget_bytes: int) -> None:
     """Refuse a budget smaller than the largest single action: it could never run."""
     worst = max(((s.action.memory.peak_bytes, w.id, i) for w in trace.workflows
@@ -105,10 +149,7 @@ def check_budget(trace: Trace, budget_bytes: int) -> None:
 
 def profiled_static_predictor(trace: Trace, config: PolicyConfig) -> StaticPredictor:
     """Per-class figures from the trace's profiles, as an operator configures them."""
-    measured = [MeasuredAction(s.action.action_class, s.action.memory.avg_bytes,
-                               s.action.memory.peak_bytes, s.action.duration_s,
-                               s.action.command)
-                for w in trace.workflows for s in w.steps]
+    measured = [m for w in trace.workflows for m in recorded_actions(w)]
     return StaticPredictor.fit(measured, heavy_peak_bytes=config.heavy_peak_bytes)
 
 
@@ -136,12 +177,12 @@ async def run_policy(
     predictor: Predictor,
     on_done: Callable[[WorkflowRecord], None] | None = None,
     *,
-    via_e2b: bool = False,
+    drive: WorkflowDriver = drive_in_process,
     run_name: str | None = None,
 ) -> dict[str, Any]:
-    """Replay the schedule under one policy in a fresh domain; the summary figures. With
-    `via_e2b`, through the E2B API (`replay.via_e2b`); events go to `out_dir/<run_name>`
-    (the policy's name by default)."""
+    """Replay the schedule under one policy in a fresh domain; the summary figures. `drive`
+    runs the workflows on a real backend (the simulator always runs them in-process);
+    events go to `out_dir/<run_name>` (the policy's name by default)."""
     run_dir = config.out_dir / (run_name or policy)
     (run_dir / "events.jsonl").unlink(missing_ok=True)  # a rerun into the same directory
     policy_config = PolicyConfig.model_validate(config.policy_config)
@@ -159,16 +200,9 @@ async def run_policy(
     async with open_runtime(budget_bytes=config.budget_bytes, backend=config.backend,
                             state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt, \
             lag.running():
-        if via_e2b:
-            from tenon.replay.via_e2b import replay_via_e2b
-
-            records, api = await replay_via_e2b(rt, submissions, speed=config.speed,
-                                                image_dir=config.state_dir,
-                                                max_retries=config.max_retries,
-                                                on_done=on_done)
-        else:
-            records = await replay(rt, submissions, speed=config.speed,
-                                   max_retries=config.max_retries, on_done=on_done)
+        records, api = await drive(rt, submissions, speed=config.speed,
+                                   image_dir=config.state_dir, max_retries=config.max_retries,
+                                   on_done=on_done)
         peak = rt.domain.reading().peak_bytes
     return {**summarize(records, peak, rt.boundary.tally), **lag.summary(), **api}
 
@@ -220,11 +254,15 @@ async def run_bench(
     *,
     on_policy_start: Callable[[str, int], None] | None = None,
     on_done: Callable[[str, WorkflowRecord], None] | None = None,
+    e2b_driver: WorkflowDriver | None = None,
 ) -> dict[str, Any]:
-    """Run every policy; the summary (also in `out_dir/summary.json` after each policy)."""
+    """Run every policy; the summary (also in `out_dir/summary.json` after each policy).
+    `e2b_driver` runs the workflows through the E2B API (`via` e2b or both)."""
     for name in config.policies:
         parse_policy(name)  # unknown names fail before anything runs
     check_via(config.via, config.backend)
+    if config.via != "inproc" and e2b_driver is None:
+        raise ConfigError(f"--via {config.via}: no E2B driver was given to the bench")
     PolicyConfig.model_validate(config.policy_config)
     trace = load_trace(config.trace)
     check_budget(trace, config.budget_bytes)
@@ -236,10 +274,10 @@ async def run_bench(
     kind = config.predictor.removeprefix("online-")
     fitted: Predictor = static
     if kind == "oracle":
-        fitted = OraclePredictor({s.instance: s.workflow for s in submissions},
-                                 heavy_peak_bytes=heavy)
+        fitted = oracle_predictor({s.instance: s.workflow for s in submissions},
+                                  heavy_peak_bytes=heavy)
     elif kind != "online":
-        fitted = crossfit_predictor(trace, kind=kind, heavy_peak_bytes=heavy)
+        fitted = crossfit_trace_predictor(trace, kind=kind, heavy_peak_bytes=heavy)
 
     def new_predictor() -> Predictor:  # fresh per policy: nothing learnt carries over
         if config.predictor.startswith("online"):
@@ -263,9 +301,10 @@ async def run_bench(
         if on_policy_start is not None:
             on_policy_start(name, len(submissions))
         done = None if on_done is None else (lambda r, name=name: on_done(name, r))
+        drive = e2b_driver if via_e2b and e2b_driver is not None else drive_in_process
         try:
             result = await run_policy(config, policy, submissions, new_predictor(), done,
-                                      via_e2b=via_e2b, run_name=name)
+                                      drive=drive, run_name=name)
         except asyncio.CancelledError:
             summary["meta"]["interrupted_during"] = name
             write_summary(config.out_dir, summary)

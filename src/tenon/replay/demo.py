@@ -19,8 +19,8 @@ from rich.table import Table
 from tenon.errors import BackendUnavailable, SandboxError
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
+from tenon.replay.standalone import open_manager
 from tenon.runtime.residency import ResidencyManager
-from tenon.runtime.standalone import open_manager
 from tenon.units import MIB, format_bytes
 
 ACTION_TIMEOUT_S = 60.0

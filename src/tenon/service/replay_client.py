@@ -1,5 +1,5 @@
 """The client side of a replay through the E2B API, in its own process (as an E2B client
-runs apart from the server): `python -m tenon.replay.e2b_client SPEC`.
+runs apart from the server): `python -m tenon.service.replay_client SPEC`.
 
 SPEC (JSON) names the server (`url`, `api_key`), the replay (`speed`, `max_retries`), the
 `start` of the replay on the host's monotonic clock (which the server's runtime clock also
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from tenon.replay.driver import WorkflowRecord, action_command, action_timeout_s
+from tenon.replay.loop_lag import LoopLag
 from tenon.replay.schedule import Submission
 from tenon.replay.trace import Workflow
-from tenon.replay.via_e2b import LoopLag
 from tenon.runtime.results import Outcome
 from tenon.service.sessions import (
     ACTION_CLASS_ENV,

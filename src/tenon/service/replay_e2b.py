@@ -2,7 +2,7 @@
 official SDK's async client against the E2B-compatible server wrapped around the runtime.
 
 The server runs on this event loop over the open runtime; the clients run in a child
-process (`replay.e2b_client`), apart from the server as real E2B clients are, with the same
+process (`service.replay_client`), apart from the server as real E2B clients are, with the same
 schedule, steps, retries and records as `driver.replay`. The child reports each command,
 API error, failed attempt and finished workflow as a JSON line; they become this runtime's
 events (`api_command`, `attempt_failed`, `workflow_done`) and the replay's records.
@@ -13,6 +13,9 @@ sandbox matched with the k-th action of the agent of the same id. It also holds 
 runtime's after-action work (the restart-safe check, up to the `residency` event), which an
 in-process caller waits for as well; `api_overhead_net_*` leaves that out. Every SDK
 exception other than a command's own non-zero exit counts as an API error.
+
+`replay_via_e2b` is the bench's E2B driver (`replay.bench.WorkflowDriver`): the CLI hands it
+to `run_bench` for `--via e2b|both`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import os
 import secrets
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,20 +34,12 @@ from typing import Any
 
 from tenon.errors import ConfigError, TenonError
 from tenon.replay.driver import WorkflowRecord
+from tenon.replay.loop_lag import percentile, rounded_ms
 from tenon.replay.schedule import Submission, own_length_s
 from tenon.runtime.controller import Runtime
+from tenon.service.server import image_root_for, serving
 
-VIA_CHOICES = ("inproc", "e2b", "both")
 STDERR_TAIL_BYTES = 2000  # of a client process that failed, in the error
-
-
-def check_via(via: str, backend: str) -> None:
-    """Refuse a `--via` this bench does not offer, or e2b on the simulator."""
-    if via not in VIA_CHOICES:
-        raise ConfigError(f"--via: expected one of {', '.join(VIA_CHOICES)}, got {via!r}")
-    if via != "inproc" and backend == "sim":
-        raise ConfigError(f"--via {via}: the simulator is not offered through the E2B API; "
-                          "use --backend process or docker")
 
 
 def single_image(submissions: Sequence[Submission]) -> str:
@@ -121,56 +115,14 @@ def overhead_summary(stats: ApiStats, times: ActionTimes) -> dict[str, Any]:
     return {
         "api_commands": len(stats.commands),
         "api_commands_matched": len(gross),
-        "api_overhead_p50_ms": _ms(percentile(gross, 50)),
-        "api_overhead_p99_ms": _ms(percentile(gross, 99)),
-        "api_overhead_net_p50_ms": _ms(percentile(net, 50)),
-        "api_overhead_net_p99_ms": _ms(percentile(net, 99)),
+        "api_overhead_p50_ms": rounded_ms(percentile(gross, 50)),
+        "api_overhead_p99_ms": rounded_ms(percentile(gross, 99)),
+        "api_overhead_net_p50_ms": rounded_ms(percentile(net, 50)),
+        "api_overhead_net_p99_ms": rounded_ms(percentile(net, 99)),
         **stats.client_lag,
         "api_errors": stats.num_errors,
         "api_error_samples": stats.errors,
     }
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank q-th percentile; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 3)
-
-
-class LoopLag:
-    """How late the event loop runs a task that sleeps `period_s`, sampled for as long as
-    the block runs: a saturated loop delays every reply the server sends as much."""
-
-    def __init__(self, period_s: float = 0.05) -> None:
-        self.period_s = period_s
-        self.lags_s: list[float] = []
-
-    async def _probe(self) -> None:
-        while True:
-            began = time.monotonic()
-            await asyncio.sleep(self.period_s)
-            self.lags_s.append(max(time.monotonic() - began - self.period_s, 0.0))
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[LoopLag]:
-        task = asyncio.ensure_future(self._probe())
-        try:
-            yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    def summary(self) -> dict[str, float | None]:
-        return {"loop_lag_p50_ms": _ms(percentile(self.lags_s, 50)),
-                "loop_lag_p99_ms": _ms(percentile(self.lags_s, 99))}
 
 
 @contextlib.asynccontextmanager
@@ -178,8 +130,6 @@ async def front_door(runtime: Runtime, image: str, image_dir: Path
                      ) -> AsyncIterator[tuple[str, str]]:
     """The E2B-compatible server over `runtime` on this loop (a fresh sessions store, a
     fresh key, loopback, any free port); yields its URL and key."""
-    from tenon.service.server import image_root_for, serving
-
     key = f"e2b_{secrets.token_hex(16)}"
     with tempfile.TemporaryDirectory(prefix="tenon-via-e2b-") as store:
         async with serving(runtime, Path(store), api_keys=[key], host="127.0.0.1", port=0,
@@ -201,7 +151,7 @@ async def replay_via_e2b(
     """Run every submission through the E2B API (concurrently, each at its submit time);
     one record each, in the order given, and the API's overhead figures
     (`overhead_summary`). TenonError when the client process fails."""
-    from tenon.replay.e2b_client import ClientSpec
+    from tenon.service.replay_client import ClientSpec
 
     image = single_image(submissions)
     times = ActionTimes()
@@ -236,7 +186,7 @@ async def _run_clients(runtime: Runtime, spec_path: Path, stats: ApiStats,
     # a native crash in the client says where: Python's stacks, glibc's message on stderr
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "LIBC_FATAL_STDERR_": "1"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tenon.replay.e2b_client", str(spec_path),
+        sys.executable, "-m", "tenon.service.replay_client", str(spec_path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         limit=1 << 20, env=env)
     assert proc.stdout is not None
