@@ -31,6 +31,17 @@ def headroom_bytes(budget_bytes: int, usage_bytes: int, config: PolicyConfig) ->
     return max(budget_bytes - usage_bytes - config.safety_margin_bytes, 0)
 
 
+def red_line_bytes(budget_bytes: int, config: PolicyConfig) -> float:
+    """H at or below this is red: the lowest `red_fraction` of the budget."""
+    return config.red_fraction * budget_bytes
+
+
+def yellow_line_bytes(budget_bytes: int, config: PolicyConfig) -> float:
+    """H at or below this is yellow (or red): the next `yellow_fraction` above the red line.
+    Growth above it is not at risk."""
+    return red_line_bytes(budget_bytes, config) + config.yellow_fraction * budget_bytes
+
+
 def classify_pressure(
     budget_bytes: int,
     usage_bytes: int,
@@ -48,8 +59,8 @@ def classify_pressure(
     """
     h_bytes = headroom_bytes(budget_bytes, usage_bytes, config)
     effective = max(h_bytes - max(predicted_growth_bytes, 0), 0)
-    red_line = config.red_fraction * budget_bytes
-    yellow_line = red_line + config.yellow_fraction * budget_bytes
+    red_line = red_line_bytes(budget_bytes, config)
+    yellow_line = yellow_line_bytes(budget_bytes, config)
     if h_bytes <= red_line:
         level = Pressure.RED
         reason = f"headroom {h_bytes} B <= red line {red_line:.0f} B"
