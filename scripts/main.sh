@@ -3,7 +3,7 @@
 # the real AgentCgroup agent traces under a memory budget, Tenon against eager execution.
 # A short version of the recorded bench (bench/results/README.md): 45 workflows submitted
 # in 5 s against a 2 GiB budget (3.4x oversubscribed), model waits and durations sped up
-# 10x, with the recorded bench's settings: 5% pressure regions (DESIGN.md's 12.5% each,
+# 10x, with the recorded bench's settings: 5% pressure regions (the default 12.5% each,
 # with the 256 MiB safety margin, keep 768 MiB of a 2 GiB budget out of free use) and 8
 # teardowns/rebuilds in flight. About 3-4 minutes; extra arguments go to `tenon bench`
 # (e.g. --policies ..., or --set red_fraction=0.125 --set yellow_fraction=0.125).

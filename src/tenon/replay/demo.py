@@ -1,4 +1,4 @@
-"""The main job until the trace replay lands: agents under a budget, torn down and rebuilt.
+"""The residency demo (`tenon demo`): agents under a budget, torn down and rebuilt.
 
 Each logical agent gets a workspace and a sandbox inside one workload domain. Every agent
 runs an action that writes a file into its workspace and a memory burst on its tmpfs;
