@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tenon.errors import ConfigError
-from tenon.policy.admission import Prediction
-from tenon.predict.base import ActionContext
-from tenon.predict.episodes import episodes_from_trace
+from tenon.predict.base import ActionContext, Prediction
 from tenon.predict.evaluate import (
     evaluate_folds,
     evaluate_model,
@@ -19,6 +17,7 @@ from tenon.predict.evaluate import (
 from tenon.predict.forest import ForestConfig
 from tenon.predict.model import train_model
 from tenon.predict.splits import split_workflows, workflow_folds
+from tenon.replay.predictors import episodes_from_trace
 
 from .factories import GIB, MIB, big_family_trace, make_action, make_episode
 

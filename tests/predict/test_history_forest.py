@@ -7,14 +7,13 @@ import pickle
 import pytest
 
 from tenon.predict.base import ActionContext, MeasuredAction
-from tenon.predict.crossfit import crossfit_predictor
-from tenon.predict.episodes import episodes_from_trace
 from tenon.predict.evaluate import replay, score
 from tenon.predict.forest import ForestConfig, ForestPredictor
 from tenon.predict.history import HistoryPredictor
 from tenon.predict.model import fit_predictor
 from tenon.predict.splits import split_workflows
 from tenon.predict.static import StaticPredictor
+from tenon.replay.predictors import crossfit_trace_predictor, episodes_from_trace
 
 from .factories import GIB, MIB, big_family_trace, make_action, make_episode
 
@@ -129,8 +128,8 @@ def test_forest_remembers_a_heavy_run_by_task_when_the_task_is_known() -> None:
 
 
 def test_crossfit_hands_run_time_observations_to_every_fold() -> None:
-    crossfit = crossfit_predictor(big_family_trace(), folds=2, seed=0, kind="forest",
-                                  config=ForestConfig(num_trees=5))
+    crossfit = crossfit_trace_predictor(big_family_trace(), folds=2, seed=0, kind="forest",
+                                        config=ForestConfig(num_trees=5))
     command = "python3 -m pytest tests/ -x"
     # small-0 and small-4 are both of family lib0, whose test runs peak at 200 MiB
     context = ActionContext("small-4", command, "test_runner", 4, "lib0")

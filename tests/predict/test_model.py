@@ -9,13 +9,13 @@ import joblib
 import pytest
 
 from tenon.errors import ConfigError, ModelError
-from tenon.predict.crossfit import CrossFitPredictor, crossfit_predictor, trace_predictor
-from tenon.predict.episodes import episodes_from_trace
+from tenon.predict.crossfit import CrossFitPredictor, crossfit_predictor
 from tenon.predict.features import FEATURE_VERSION
 from tenon.predict.forest import ForestPredictor
 from tenon.predict.history import HistoryPredictor
 from tenon.predict.model import load_model, save_model, train_model
 from tenon.predict.static import StaticPredictor
+from tenon.replay.predictors import crossfit_trace_predictor, episodes_from_trace, trace_predictor
 from tenon.replay.trace import Trace, make_header
 
 from .factories import GIB, MIB, big_family_trace, make_workflow
@@ -71,7 +71,7 @@ def test_crossfit_never_predicts_a_workflow_with_a_model_that_saw_it() -> None:
     workflows = [make_workflow(f"w{i}", family=f"f{i}") for i in range(4)]
     workflows.append(make_workflow("odd", family="f-odd", test_peak_mib=3072, loops=3))
     trace = Trace(header=make_header("test"), workflows=workflows)
-    crossfit = crossfit_predictor(trace, folds=5, kind="static", heavy_peak_bytes=GIB)
+    crossfit = crossfit_trace_predictor(trace, folds=5, kind="static", heavy_peak_bytes=GIB)
     assert isinstance(crossfit, CrossFitPredictor)
     in_sample = trace_predictor(trace, kind="static", heavy_peak_bytes=GIB)
     odd_test = next(
@@ -96,8 +96,9 @@ def test_crossfit_builds_every_kind() -> None:
         ("history", HistoryPredictor),
         ("static", StaticPredictor),
     ):
-        crossfit = crossfit_predictor(trace, folds=3, kind=kind, heavy_peak_bytes=GIB)
+        crossfit = crossfit_predictor(episodes_from_trace(trace), folds=3, kind=kind,
+                                      heavy_peak_bytes=GIB)
         assert isinstance(crossfit, CrossFitPredictor)
         assert isinstance(crossfit.predictor_for("big-0#0"), inner)
     with pytest.raises(ConfigError, match="unknown predictor"):
-        crossfit_predictor(trace, kind="oracle")
+        crossfit_predictor(episodes_from_trace(trace), kind="oracle")

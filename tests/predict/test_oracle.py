@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import ConfigError
-from tenon.predict.base import ActionContext
+from tenon.predict.base import ActionContext, MeasuredAction
 from tenon.predict.oracle import OraclePredictor
 from tenon.replay.bench import BenchConfig, run_bench
+from tenon.replay.predictors import oracle_predictor
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header, write_trace
 
 MIB = 1 << 20
@@ -34,8 +35,8 @@ def context(workflow_id: str, step: int) -> ActionContext:
 
 
 def test_predicts_each_actions_recorded_figures_and_flags_heavy_ones() -> None:
-    oracle = OraclePredictor({"a#0": stepped_workflow("a", [40, 1500, 90])},
-                             heavy_peak_bytes=1024 * MIB)
+    oracle = oracle_predictor({"a#0": stepped_workflow("a", [40, 1500, 90])},
+                              heavy_peak_bytes=1024 * MIB)
     first, heavy, last = (oracle.predict(context("a#0", i)) for i in range(3))
     assert (first.avg_bytes, first.peak_bytes, first.heavy_risk) == (20 * MIB, 40 * MIB, False)
     assert (heavy.peak_bytes, heavy.heavy_risk) == (1500 * MIB, True)
@@ -43,7 +44,7 @@ def test_predicts_each_actions_recorded_figures_and_flags_heavy_ones() -> None:
 
 
 def test_an_action_it_was_not_given_fails_by_name() -> None:
-    oracle = OraclePredictor({"a#0": stepped_workflow("a", [40])})
+    oracle = OraclePredictor({"a#0": [MeasuredAction("test_runner", 20 * MIB, 40 * MIB, 1.0)]})
     with pytest.raises(ConfigError, match="no recorded workflow 'b#0'"):
         oracle.predict(context("b#0", 0))
     with pytest.raises(ConfigError, match="has 1 steps, asked for step 1"):

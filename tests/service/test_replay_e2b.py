@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tenon.cli.main import app
+from tenon.errors import ConfigError
 from tenon.replay.bench import BenchConfig, run_bench
-from tenon.replay.e2b_client import outcome_of_exit
+from tenon.replay.loop_lag import percentile
 from tenon.replay.trace import (
     Action,
     Memory,
@@ -25,8 +26,9 @@ from tenon.replay.trace import (
     make_header,
     write_trace,
 )
-from tenon.replay.via_e2b import ActionTimes, ApiStats, overhead_summary, percentile
 from tenon.runtime.results import Outcome
+from tenon.service.replay_client import outcome_of_exit
+from tenon.service.replay_e2b import ActionTimes, ApiStats, overhead_summary, replay_via_e2b
 
 MIB = 1 << 20
 WIDE = {"COLUMNS": "400"}  # rich never wraps the one error line
@@ -92,7 +94,7 @@ async def test_replay_via_e2b_runs_every_action_as_in_process(tmp_path: Path) ->
     out = tmp_path / "run"
     config = BenchConfig(trace=trace, budget_bytes=1 << 30, policies=["tenon"],
                          backend="process", speed=4.0, out_dir=out, via="both")
-    summary = await run_bench(config)
+    summary = await run_bench(config, e2b_driver=replay_via_e2b)
 
     assert list(summary["policies"]) == ["tenon", "tenon@e2b"]
     inproc, e2b = summary["policies"]["tenon"], summary["policies"]["tenon@e2b"]
@@ -137,6 +139,17 @@ def test_bad_via_is_one_line_error(tmp_path: Path, args: list[str], message: str
                                       str(tmp_path / "run"), *args], env=WIDE)
     assert result.exit_code == 2
     assert result.output.strip() == message
+    assert not (tmp_path / "run").exists()
+
+
+async def test_via_e2b_without_an_e2b_driver_is_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    """The bench (replay) cannot reach the service on its own: the driver is handed in."""
+    trace = write_tiny_trace(tmp_path / "tiny.jsonl")
+    config = BenchConfig(trace=trace, budget_bytes=1 << 30, policies=["tenon"],
+                         backend="process", out_dir=tmp_path / "run", via="e2b")
+    with pytest.raises(ConfigError, match="--via e2b: no E2B driver was given"):
+        await run_bench(config)
     assert not (tmp_path / "run").exists()
 
 
