@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,26 @@ if TYPE_CHECKING:
     from tenon.runtime.execution import RunningAction
 
 GAP_EWMA_ALPHA = 0.5  # weight of the newest model wait in an agent's predicted wait
+
+
+class Phase(enum.Enum):
+    """Where an agent's sandbox is in its life; the one place the runtime records it."""
+
+    NEW = "new"
+    """No sandbox made yet: its first action materializes one."""
+    RESIDENT = "resident"
+    """A live sandbox."""
+    TORN_DOWN = "torn_down"
+    """Its recovery record is committed and no sandbox is live: its next action rebuilds."""
+    CLOSED = "closed"
+    """Closed (or left for the next runtime): nothing drives it any more."""
+
+    def after_teardown(self) -> Phase:
+        return self if self is Phase.CLOSED else Phase.TORN_DOWN
+
+    def after_rebuild(self) -> Phase:
+        """A first sandbox or a rebuilt one is live (unless the agent closed meanwhile)."""
+        return self if self is Phase.CLOSED else Phase.RESIDENT
 
 
 @dataclass
@@ -34,17 +55,19 @@ class AgentState:
     rank_at: float | None = None
     """Its place in admission's line (`ActionRequest.rank_at`); None until first ranked,
     then `created_at` moved earlier by the work its peers showed is left."""
-    materialized: bool = False  # a first sandbox was made (there is a workspace and record)
-    root_made: bool = False  # a persistent root exists (made by a sandbox or a workspace edit)
-    torn_down: bool = False  # the record is committed and no sandbox is live
+    phase: Phase = Phase.NEW
+    root_made: bool = False
+    """A persistent root exists (made with the first sandbox, by a workspace edit, or
+    restored): closing cleans it up."""
     restartable: bool = False  # the last boundary's fail-closed check
     restart_reason: str | None = None  # what that check said
     idle_bytes: int = 0  # what the sandbox held when its last action ended (idle: constant)
     busy: bool = False  # an action is between ready and done
     action: RunningAction | None = None  # that action, while it is between ready and done
     alongside: int = 0  # commands running next to the action in flight (`run_alongside`)
-    closed: bool = False
     failed_reason: str | None = None
+    """Its workflow attempt failed (an OOM kill, a lost sandbox, a blocked restore): it
+    refuses further actions, whatever its phase."""
     lifecycle: asyncio.Task[Any] | None = None  # teardown or rebuild in flight
     blocked_reason: str | None = None  # the last rebuild failed (RecoveryError) and why
     last_done_at: float | None = None
@@ -62,6 +85,19 @@ class AgentState:
 
     def note_done(self, now: float) -> None:
         self.last_done_at = now
+
+    @property
+    def materialized(self) -> bool:
+        """A first sandbox was made (there is a workspace and a record); False once closed."""
+        return self.phase in (Phase.RESIDENT, Phase.TORN_DOWN)
+
+    @property
+    def torn_down(self) -> bool:
+        return self.phase is Phase.TORN_DOWN
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
 
     @property
     def rank(self) -> float:

@@ -221,7 +221,7 @@ class Boundary:
             return sandbox
         if not state.materialized:
             sandbox = await rt.residency.start(state.agent_id, state.image, config)
-            state.materialized = True
+            state.phase, state.root_made = state.phase.after_rebuild(), True
             rt.events.emit("materialize", agent_id=state.agent_id,
                            sandbox_id=sandbox.spec.sandbox_id)
             return sandbox
@@ -250,7 +250,7 @@ class Boundary:
         except RecoveryError as exc:
             state.blocked_reason = str(exc)
             raise
-        state.torn_down, state.blocked_reason = False, None
+        state.phase, state.blocked_reason = state.phase.after_rebuild(), None
         rt.events.emit("rebuild", agent_id=state.agent_id, sandbox_id=sandbox.spec.sandbox_id,
                        predictive=predictive, duration_s=round(rt.clock.now() - start, 4))
         return sandbox
@@ -412,7 +412,7 @@ class Boundary:
         try:
             result = await rt.residency.teardown(state.agent_id)
             if result.outcome != "kept_resident":
-                state.torn_down = True
+                state.phase = state.phase.after_teardown()
             elif result.step != "held":  # an edit or a command alongside: not the check's no
                 state.restartable = False  # the protocol's own check said no: keep it
             rt.events.emit("teardown", agent_id=state.agent_id, outcome=result.outcome,

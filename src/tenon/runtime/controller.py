@@ -63,7 +63,7 @@ from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 from tenon.predict.classify import classify_action
 from tenon.predict.progress import PeerProgress
 from tenon.predict.static import StaticPredictor
-from tenon.runtime.agents import AgentState, Lifecycle, Waker
+from tenon.runtime.agents import AgentState, Lifecycle, Phase, Waker
 from tenon.runtime.boundary import Boundary
 from tenon.runtime.events import EventLog
 from tenon.runtime.execution import ExecutionLoop, RunningAction
@@ -407,18 +407,18 @@ class Runtime:
                         agent_id, f"resident-only when the runtime stopped: {result.reason}")
             if how == "dropped":
                 await self.residency.drop(agent_id)
-        state.closed = True
+        state.phase = Phase.CLOSED
         self.events.emit("agent_kept", agent_id=agent_id, how=how)
 
     async def close_agent(self, state: AgentState, *, delete_workspace: bool = True) -> None:
         if state.closed:
             return
-        state.closed = True
+        state.phase = Phase.CLOSED
         if state.lifecycle is not None:
             with contextlib.suppress(Exception):
                 await state.lifecycle
         try:
-            if state.materialized or state.root_made:
+            if state.root_made:
                 await self.residency.finish(state.agent_id, delete_workspace=delete_workspace)
         finally:
             self.progress.finish(state.agent_id, complete=state.failed_reason is None)
@@ -919,10 +919,10 @@ class Runtime:
                            peak if isinstance(peak, int) else None,
                            created_at=self.clock.now(), workflow=meta.get("workflow"),
                            task=meta.get("task"))
-        state.materialized, state.torn_down, state.root_made = True, True, True
+        state.phase, state.root_made = Phase.TORN_DOWN, True
         if record.generation == 0 and record.state == "torn_down":
             # never ran (`edit_workspace`, or kept at close): its first action materializes
-            state.materialized, state.torn_down = False, False
+            state.phase = Phase.NEW
         if record.state == "blocked":
             state.failed_reason = f"blocked: {record.reason}"
             self._blocked.add(record.agent_id)
