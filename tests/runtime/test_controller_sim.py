@@ -13,8 +13,8 @@ import pytest
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
 from tenon.host.types import CgroupVersion
-from tenon.policy.admission import Prediction
 from tenon.policy.config import PolicyConfig
+from tenon.predict.base import Prediction
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.events import read_events

@@ -49,7 +49,7 @@ def test_heavy_action_is_not_starved_by_a_stream_of_light_ones() -> None:
         name = "by-class"
 
         def predict(self, context):
-            from tenon.policy.admission import Prediction
+            from tenon.predict.base import Prediction
 
             if context.action_class == "test_runner":
                 return Prediction(1200 * MIB, 1500 * MIB)
