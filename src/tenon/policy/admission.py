@@ -325,3 +325,17 @@ class AdmissionController:
                     overdue_held = True
         self._light = remaining
         return decisions
+
+
+def admission_headroom_bytes(headroom_bytes: int, starving_bytes: int, budget_bytes: int | None,
+                             *, nothing_can_free: bool) -> int:
+    """The physical headroom admission may hand out: H less the demand of growers held past
+    overdue (they get room first; see `ExecutionPolicy.starving_demand_bytes`).
+
+    Liveness: when nothing runs, nothing is being torn down and nothing idle can be,
+    waiting cannot free memory, so only the logical window applies.
+    """
+    headroom = max(headroom_bytes - starving_bytes, 0)
+    if nothing_can_free:
+        headroom = max(headroom, budget_bytes or headroom)
+    return headroom

@@ -45,6 +45,8 @@ class ActionObs:
     """Its sandbox's usage at the last sample."""
     start_bytes: int | None = None
     """Its sandbox's usage when it started (None before)."""
+    peak_bytes: int | None = None
+    """The highest usage sampled since it started (None before)."""
     peak_passed: bool = False
     profiled_peak_bytes: int | None = None
     throttled: bool = False
@@ -72,6 +74,8 @@ class TickSnapshot:
     """This period's samples of the started actions' sandboxes (a vanished one has none)."""
     reclaimable_bytes: int = 0
     """Memory that can come back without a held grower running (idle, being torn down)."""
+    num_oom_kills: int = 0
+    """OOM kills in the domain so far (recorded, not decided on)."""
 
 
 @dataclass(frozen=True, slots=True)

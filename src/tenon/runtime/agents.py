@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tenon.policy.baselines import AgentCgroupClass
+from tenon.policy.reclaim import AgentObs
 from tenon.policy.residency import LifecycleSlots
 from tenon.predict.base import MeasuredAction
 
@@ -102,6 +103,14 @@ class AgentState:
     @property
     def rank(self) -> float:
         return self.created_at if self.rank_at is None else self.rank_at
+
+    def observed(self) -> AgentObs:
+        """What the policy sees of it (frozen)."""
+        resident = (self.phase is Phase.RESIDENT and self.lifecycle is None
+                    and self.failed_reason is None and self.alongside == 0)
+        return AgentObs(self.agent_id, self.restartable, resident, self.busy, self.torn_down,
+                        self.closed, self.lifecycle is not None, self.idle_bytes, self.rank,
+                        self.last_done_at, self.predicted_wait_s)
 
     @property
     def idle(self) -> bool:

@@ -17,16 +17,18 @@ from tenon.errors import RecoveryError
 from tenon.policy.admission import (
     ActionRequest,
     AdmitDecision,
+    admission_headroom_bytes,
     is_heavy,
-    past_peak_charge,
 )
+from tenon.policy.control import ControlSnapshot, Plan
+from tenon.policy.execution import TickSnapshot, pressure_of
 from tenon.policy.pressure import Pressure, PressureState
+from tenon.policy.reclaim import TeardownOrder, reclaim_candidates
 from tenon.policy.residency import (
     IdleSandbox,
     Rebuild,
     Residency,
     ResidencySnapshot,
-    choose_reclaim,
     rebuild_decision,
     residency_decision,
 )
@@ -134,17 +136,19 @@ class Boundary:
         rt = self._rt
         if rt.admission is None or not self._waiting:
             return
-        pressure = rt.pressure_now()
         # The physical gate after the logical window: H now. Growth still to come is the
         # window's business (charges rise toward peaks) and the execution gate's.
-        headroom = pressure.headroom_bytes
+        snap = self.snapshot_now()
+        pressure = pressure_of(snap.tick.budget_bytes, snap.tick.usage_bytes,
+                               snap.tick.actions, rt.config)
+        starving = 0
         if rt.spec.use_gate:
-            starving = rt.execution.starving_demand_bytes(rt.actions.values(), rt.clock.now())
-            headroom = max(headroom - starving, 0)
-        if not rt.actions and rt.lifecycle.in_flight == 0 and not self._reclaimable():
-            # Liveness: nothing runs, nothing is being torn down and nothing idle can be:
-            # waiting cannot free memory, so only the logical window applies.
-            headroom = max(headroom, rt.domain.budget_bytes or headroom)
+            starving = rt.execution.policy.starving_demand_bytes(snap.tick.actions,
+                                                                  snap.tick.now)
+        stuck = not rt.actions and rt.lifecycle.in_flight == 0 and not (
+            rt.spec.use_residency and reclaim_candidates(snap.agents, snap.queued))
+        headroom = admission_headroom_bytes(pressure.headroom_bytes, starving,
+                                            rt.domain.budget_bytes, nothing_can_free=stuck)
         for decision in rt.admission.decide(rt.clock.now(), headroom):
             action, future = self._waiting.pop(decision.action_id)
             if future.cancelled():
@@ -160,56 +164,45 @@ class Boundary:
                            admitted_total_bytes=rt.admission.admitted_total_bytes,
                            headroom_bytes=headroom, pressure=pressure.level.name.lower())
 
-    def release_passed_peaks(self) -> None:
-        """Shrink the charge of every running action that has passed its peak."""
+    def control_snapshot(self, tick: TickSnapshot) -> ControlSnapshot:
         rt = self._rt
-        if rt.admission is None:
-            return
-        for action in rt.actions.values():
-            stats = action.stats
-            if action.peak_passed or stats is None or not action.launched or action.done:
-                continue
-            charge = past_peak_charge(action.charge_bytes, action.prediction,
-                                      start_bytes=stats.start_bytes, peak_bytes=stats.peak_bytes,
-                                      usage_bytes=action.last_usage_bytes, config=rt.config)
-            if charge is None:
-                continue
-            freed = rt.admission.shrink(action.action_id, charge)
-            action.charge_bytes, action.peak_passed = charge, True
-            rt.events.emit("peak_passed", action_id=action.action_id, agent_id=action.agent_id,
-                           peak_bytes=stats.peak_bytes, usage_bytes=action.last_usage_bytes,
-                           charge_bytes=charge, freed_bytes=freed,
-                           admitted_total_bytes=rt.admission.admitted_total_bytes)
+        return ControlSnapshot(tick, tuple(s.observed() for s in rt.agents.values()),
+                               frozenset(self._queued()), rt.lifecycle.slots)
 
-    def reclaimable_bytes(self) -> int:
-        """Memory that can come back without a held grower running: what reclaim candidates
-        hold, and sandboxes whose teardown is in flight (no reads: an idle sandbox holds
-        what it held when its last action ended)."""
+    def snapshot_now(self) -> ControlSnapshot:
+        """The control snapshot between periods (no new samples)."""
         rt = self._rt
-        if not rt.spec.use_residency:
-            return 0
-        in_flight = sum(s.idle_bytes for s in rt.agents.values()
-                        if s.lifecycle is not None and not s.torn_down)
-        return in_flight + sum(s.idle_bytes for s in self._reclaim_candidates(self._queued()))
+        return self.control_snapshot(rt.execution.snapshot(
+            rt.clock.now(), rt.actions.values(), rt.domain.reading()))
+
+    def reclaimable_bytes(self, snap: ControlSnapshot) -> int:
+        return self._rt.control.reclaimable_bytes(snap.agents, snap.queued)
 
     def teardown_candidates(self) -> set[str]:
-        """Agents a teardown may take now (see `_reclaim_candidates`)."""
-        return {s.agent_id for s in self._reclaim_candidates(self._queued())}
+        """Agents a teardown may take now."""
+        snap = self.snapshot_now()
+        return {a.agent_id for a in reclaim_candidates(snap.agents, snap.queued)}
 
-    def _reclaimable(self) -> bool:
-        return self._rt.spec.use_residency and bool(self._reclaim_candidates(self._queued()))
+    def act(self, plan: Plan) -> None:
+        """Carry out the period's boundary-side orders: shrunk charges, teardowns, rebuilds."""
+        rt = self._rt
+        for release in plan.peak_releases:
+            action = rt.actions[release.action.action_id]
+            action.charge_bytes, action.peak_passed = release.charge_bytes, True
+            rt.events.emit("peak_passed", action_id=action.action_id, agent_id=action.agent_id,
+                           peak_bytes=release.action.peak_bytes,
+                           usage_bytes=release.action.usage_bytes,
+                           charge_bytes=release.charge_bytes, freed_bytes=release.freed_bytes,
+                           admitted_total_bytes=release.admitted_total_bytes)
+        self._start_teardowns(plan.teardowns)
+        for agent_id in plan.rebuilds:
+            state = rt.agents[agent_id]
+            if rt.lifecycle.try_acquire():
+                state.lifecycle = asyncio.ensure_future(self._predictive(state))
 
     def _queued(self) -> set[str]:
         """Agents whose next action waits for admission."""
         return {action.agent_id for action, _ in self._waiting.values()}
-
-    def _reclaim_candidates(self, queued: set[str]) -> list[AgentState]:
-        """Agents whose resident sandbox may be torn down now: restartable, between
-        actions (in a model wait) or with the next action still queued for admission (its
-        sandbox runs nothing until then, and a queued action may wait long)."""
-        return [s for s in self._rt.agents.values() if s.restartable and (s.idle or (
-            s.agent_id in queued and s.materialized and not s.torn_down and not s.closed
-            and s.lifecycle is None and s.failed_reason is None and not s.alongside))]
 
     # -- sandboxes ------------------------------------------------------------------
 
@@ -296,102 +289,12 @@ class Boundary:
             self.reclaim(pressure)
 
     def reclaim(self, pressure: PressureState) -> None:
-        """Under yellow or red, or under green while starts or growers are held past overdue,
-        tear down restartable idle sandboxes (`_reclaim_candidates`: also those whose next
-        action is still queued), last-ranked workflow first, until the physical headroom
-        covers the yellow line plus what waiting work needs.
+        """Under pressure at a boundary: the policy's teardowns (`ControlPolicy.reclaim`)."""
+        self._start_teardowns(self._rt.control.reclaim(self.snapshot_now(), pressure))
 
-        The deficit is physical: H against the line plus the gate's demand of actions held
-        before their start, the demand of growers held past overdue, and the predicted
-        averages of actions waiting for admission, up to the room the logical window has.
-        Idle memory is given back for work that is ready, not for growth nobody asked for:
-        that would only trade memory for rebuilds.
-        """
-        rt = self._rt
-        if rt.lifecycle.slots.num_free == 0:
-            return
-        now = rt.clock.now()
-        held = [a for a in rt.actions.values() if a.pending]
-        level = pressure.level
-        if level is Pressure.GREEN:
-            # Green promises no room above the yellow line: an admitted 1.6 GiB start sat
-            # held for 100 s in a green domain half full of idle sandboxes, its charge
-            # blocking admission, and nothing was reclaimed for it. Starts held past
-            # overdue get room; the brief holds of start rationing do not (reclaiming for
-            # those doubled the teardowns of the 8x replay).
-            # Growers held past overdue (green keeps one that outgrew its prediction held
-            # while its demand exceeds H) get room the same way.
-            # So does a queued action past overdue whose charge fits the logical window but
-            # not the physical headroom plus what running actions will give back when they
-            # end: idle sandboxes would otherwise keep it queued for as long as they stay
-            # idle. On the real 8x replay a 1.6 GiB test start waited 27 s in a green domain
-            # with 1.3 GiB idle, everything else queued behind its reserved room, while one
-            # long action that held little ran to its end. (Where running actions' ends
-            # do free the room, reclaiming made 900 teardowns in the simulated 8x replay.)
-            overdue = rt.config.overdue_after_s
-            held = [a for a in held if a.held_since is not None
-                    and now - a.held_since >= overdue]
-            stuck = 0 if rt.admission is None else rt.admission.stuck_charge(
-                now, pressure.headroom_bytes + self._running_gives_back(), waited_s=overdue)
-            if not held and not stuck and not (rt.spec.use_gate and
-                                               rt.execution.starving_demand_bytes(
-                                                   rt.actions.values(), now)):
-                return
-            level = Pressure.YELLOW
-        else:
-            stuck = 0
-        budget = rt.domain.budget_bytes or 0
-        green_line = (rt.config.red_fraction + rt.config.yellow_fraction) * budget
-        # a start predicted heavy launches on bootstrap room (`hold_heavy_starts` off): room
-        # for its whole prediction is made only as far as it grows, as for any grower
-        held_bytes = sum(rt.execution.launch_demand_bytes(a) for a in held)
-        starving = 0
-        if rt.spec.use_gate:  # growers held past overdue: the room admission keeps back
-            starving = rt.execution.starving_demand_bytes(rt.actions.values(), now)
-        waiting = stuck + held_bytes + starving
-        if rt.admission is not None and pressure.level is not Pressure.GREEN:
-            # Only as much queued work as the logical window lets in can use freed memory:
-            # behind a full window a teardown frees room nobody may take, and costs a
-            # rebuild later (on a 2-core host, that churn was a third of the CPU).
-            queued = sum(r.prediction.avg_bytes for r in rt.admission.queued
-                         if r.ready_at <= now)
-            room = rt.admission.window_bytes - rt.admission.admitted_total_bytes
-            if rt.admission.at_capacity:
-                room = 0  # none of it may be admitted before an action ends
-            waiting += min(queued, max(room, 0))
-        needed = int(green_line + waiting - pressure.headroom_bytes) + 1
-        if needed <= 0:
-            return
-        waiting_agents = self._queued()
-        idle = [IdleSandbox(s.agent_id, s.idle_bytes, True, self._idle_for(s, now),
-                            rank_at=s.rank, queued=s.agent_id in waiting_agents)
-                for s in self._reclaim_candidates(waiting_agents)]
-        # Under red, or for work held past overdue, short model waits may go too.
-        chosen = choose_reclaim(idle, level, needed, max_count=rt.lifecycle.slots.num_free,
-                                min_idle_s=rt.config.reclaim_min_idle_s,
-                                spare_short_waits=pressure.level is Pressure.YELLOW)
-        why = pressure.level.name.lower()
-        if level != pressure.level:
-            why += (f": held or stuck work (starts {held_bytes} B, queue {stuck} B, "
-                    f"growers {starving} B)")
-        for agent_id in chosen:
-            self._start_teardown(rt.agents[agent_id], why=f"{why}: reclaim for {needed} B")
-
-    def _running_gives_back(self) -> int:
-        """What running actions hold above their sandboxes' level when they started: the
-        most their ends can free (what a sandbox held before stays with it, idle)."""
-        total = 0
-        for action in self._rt.actions.values():
-            if action.stats is not None:
-                total += max(action.last_usage_bytes - action.stats.start_bytes, 0)
-        return total
-
-    @staticmethod
-    def _idle_for(state: AgentState, now: float) -> float:
-        """How much longer the agent's model wait is predicted to last (0 if unknown)."""
-        if state.predicted_wait_s is None or state.last_done_at is None:
-            return 0.0
-        return state.last_done_at + state.predicted_wait_s - now
+    def _start_teardowns(self, orders: tuple[TeardownOrder, ...]) -> None:
+        for order in orders:
+            self._start_teardown(self._rt.agents[order.agent_id], why=order.why)
 
     def _start_teardown(self, state: AgentState, *, why: str) -> None:
         if not self._rt.lifecycle.try_acquire():
@@ -474,23 +377,6 @@ class Boundary:
             rt.lifecycle.release()
             state.lifecycle = None
             rt.waker.notify()
-
-    def predictive_rebuilds(self, pressure: PressureState, now: float) -> None:
-        """Under green, rebuild torn-down agents whose next action is predicted soon."""
-        rt = self._rt
-        if pressure.level is not Pressure.GREEN:
-            return
-        for state in rt.agents.values():
-            if not state.torn_down or state.busy or state.closed or state.lifecycle is not None:
-                continue
-            if state.predicted_wait_s is None or state.last_done_at is None:
-                continue
-            ready_in = state.last_done_at + state.predicted_wait_s - now
-            decision = rebuild_decision(state.agent_id, next_action_ready=False,
-                                        predicted_ready_in_s=ready_in, pressure=pressure.level,
-                                        slots=rt.lifecycle.slots, config=rt.config)
-            if decision.action is Rebuild.START and rt.lifecycle.try_acquire():
-                state.lifecycle = asyncio.ensure_future(self._predictive(state))
 
     async def _predictive(self, state: AgentState) -> None:
         rt = self._rt

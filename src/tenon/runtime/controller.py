@@ -58,6 +58,7 @@ from tenon.policy.baselines import (
     parse_policy,
 )
 from tenon.policy.config import PolicyConfig
+from tenon.policy.control import ControlPolicy
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 from tenon.predict.classify import classify_action
@@ -246,6 +247,9 @@ class Runtime:
             domain=domain, config=self.config, events=self.events, use_gate=self.spec.use_gate,
             agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP, now=self.clock.now,
         )
+        self.control = ControlPolicy(self.config, self.execution.policy, self.admission,
+                                     use_gate=self.spec.use_gate,
+                                     use_residency=self.spec.use_residency)
         live = self.config.max_live_workflows
         self.workflows = WorkflowGate(
             self.spec, budget,
@@ -868,13 +872,13 @@ class Runtime:
             if window != self.admission.window_bytes:  # the budget moved; W follows it
                 self.admission.set_window(window)
                 self.events.emit("window", window_bytes=window, budget_bytes=budget)
-        pressure = await self.execution.tick(
-            now, list(self.actions.values()), reclaimable_bytes=self.boundary.reclaimable_bytes())
-        self.boundary.release_passed_peaks()
+        seen = self.execution.observe(now, list(self.actions.values()))
+        snapshot = self.boundary.control_snapshot(seen.snapshot)
+        plan = self.control.step(snapshot)
+        self.execution.act(plan.tick, seen,
+                           reclaimable_bytes=self.boundary.reclaimable_bytes(snapshot))
+        self.boundary.act(plan)
         self._report_heavy_growth()
-        if self.spec.use_residency:
-            self.boundary.reclaim(pressure)
-            self.boundary.predictive_rebuilds(pressure, now)
         self.boundary.pump()
         self.waker.notify()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tenon.errors import HostError
@@ -91,7 +91,17 @@ class RunningAction:
             self.action_id, self.agent_id, self.gate_id, self.prediction, self.charge_bytes,
             self.ready_at, self.started, self.launched, self.allowed, self.held_since,
             self.last_usage_bytes, None if self.stats is None else self.stats.start_bytes,
+            None if self.stats is None else self.stats.peak_bytes,
             self.peak_passed, self.profiled_peak_bytes, self.throttled)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One period's observation: the policy's snapshot and the records it was taken of."""
+
+    snapshot: TickSnapshot
+    started: list[RunningAction]
+    num_admitted: int
 
 
 class ExecutionLoop:
@@ -175,24 +185,40 @@ class ExecutionLoop:
         self.policy.ended(action.gate_id, was_launched=action.launched and not action.done)
         action.done = True
 
-    async def tick(self, now: float, actions: list[RunningAction], *,
-                   reclaimable_bytes: int = 0) -> PressureState:
+    def observe(self, now: float, actions: list[RunningAction]) -> Observation:
+        """Sample every started action's sandbox and the domain (one period's observing)."""
         self.num_ticks += 1
         started = [a for a in actions if a.started]
         samples = self._sample(now, started)
-        reading = self._domain.reading()
-        # Everything from picking `started` to actuating runs without an await: an action
-        # that ends meanwhile could otherwise see its sandbox frozen after it returned.
-        snapshot = TickSnapshot(
-            now, known_budget_bytes(self._domain.budget_bytes, reading.usage_bytes,
-                                    self._config),
-            reading.usage_bytes, tuple(a.observed() for a in actions), tuple(samples),
-            reclaimable_bytes)
-        plan = self.policy.step(snapshot)
-        by_id = {a.action_id: a for a in started}
+        return Observation(self.snapshot(now, actions, self._domain.reading(), tuple(samples)),
+                           started, len(actions))
+
+    def snapshot(self, now: float, actions: Iterable[RunningAction], reading: MemoryReading,
+                 samples: tuple[SandboxSample, ...] = ()) -> TickSnapshot:
+        """The frozen view the policy decides on (at a boundary: no new samples)."""
+        budget = known_budget_bytes(self._domain.budget_bytes, reading.usage_bytes, self._config)
+        return TickSnapshot(now, budget, reading.usage_bytes,
+                            tuple(a.observed() for a in actions), samples,
+                            num_oom_kills=reading.num_oom_kills)
+
+    def act(self, plan: TickPlan, seen: Observation, *, reclaimable_bytes: int = 0) -> None:
+        """Carry out the period's gate changes and throttles, and record the sample.
+
+        Everything from observing to actuating runs without an await: an action that ends
+        meanwhile could otherwise see its sandbox frozen after it returned."""
+        by_id = {a.action_id: a for a in seen.started}
         self._act_on_gate(plan, by_id)
         self._act_on_throttles(plan.throttles, by_id)
-        self._record(reading, plan.pressure, started, len(actions), reclaimable_bytes)
+        self._record(seen.snapshot, plan.pressure, seen.started, seen.num_admitted,
+                     reclaimable_bytes)
+
+    async def tick(self, now: float, actions: list[RunningAction], *,
+                   reclaimable_bytes: int = 0) -> PressureState:
+        """Observe, step the execution policy alone, act (the sampling benchmark's loop;
+        the runtime steps the whole `ControlPolicy`)."""
+        seen = self.observe(now, actions)
+        plan = self.policy.step(replace(seen.snapshot, reclaimable_bytes=reclaimable_bytes))
+        self.act(plan, seen, reclaimable_bytes=reclaimable_bytes)
         return plan.pressure
 
     def _sample(self, now: float, started: list[RunningAction]) -> list[SandboxSample]:
@@ -230,7 +256,7 @@ class ExecutionLoop:
                 headroom_bytes=plan.pressure.headroom_bytes,
             )
 
-    def _record(self, reading: MemoryReading, pressure: PressureState,
+    def _record(self, snap: TickSnapshot, pressure: PressureState,
                 started: list[RunningAction], num_admitted: int,
                 reclaimable_bytes: int) -> None:
         held = sum(not a.allowed for a in started)
@@ -240,7 +266,7 @@ class ExecutionLoop:
         self._last_logged = key
         self._events.emit(
             "sample",
-            usage_bytes=reading.usage_bytes,
+            usage_bytes=snap.usage_bytes,
             budget_bytes=self._domain.budget_bytes,
             headroom_bytes=pressure.headroom_bytes,
             effective_headroom_bytes=pressure.effective_headroom_bytes,
@@ -249,7 +275,7 @@ class ExecutionLoop:
             admitted=num_admitted,
             held=held,
             pending=sum(a.pending for a in started),
-            oom_kills=reading.num_oom_kills,
+            oom_kills=snap.num_oom_kills,
             reclaimable_bytes=reclaimable_bytes,
         )
 
