@@ -21,7 +21,7 @@ from tenon.runtime.events import read_events
 from tenon.runtime.residency import run_inline
 from tenon.runtime.results import Outcome, WorkflowFailed
 from tenon.runtime.simulate import SimAction, SimWorkflow, simulate
-from tenon.sandbox.base import ProcessInfo
+from tenon.sandbox.base import BackendCapacity, ProcessInfo
 from tenon.sandbox.sim import SimBackend, SimDomain, sim_load_command
 
 MIB = 1024 * 1024
@@ -334,6 +334,12 @@ def test_the_predictor_sees_the_callers_workflow_name_and_the_history(tmp_path: 
     class Recording:
         name = "recording"
 
+        def observe(self, context, measured):
+            pass
+
+        def observe_running(self, context, peak_bytes):
+            pass
+
         def predict(self, context):
             seen.append((context.workflow_id, len(context.history)))
             return FixedPredictor(10 * MIB, 20 * MIB).predict(context)
@@ -357,6 +363,12 @@ def test_the_predictor_sees_the_issued_command_not_its_stand_in(tmp_path: Path) 
 
     class Recording:
         name = "recording"
+
+        def observe(self, context, measured):
+            pass
+
+        def observe_running(self, context, peak_bytes):
+            pass
 
         def predict(self, context):
             seen.append((context.command, tuple(m.command for m in context.history),
@@ -484,6 +496,9 @@ class _LearnsHeavy:
     def observe(self, context: Any, measured: Any) -> None:
         self.heavy_seen = self.heavy_seen or measured.peak_bytes > GIB
 
+    def observe_running(self, context: Any, peak_bytes: int) -> None:
+        pass
+
 
 def test_a_queued_action_is_predicted_again_after_a_heavy_run_is_observed(
     tmp_path: Path,
@@ -516,6 +531,12 @@ class _ByPeak:
     """Predicts a simulated load exactly: its average and peak, read off the command."""
 
     name = "by-peak"
+
+    def observe(self, context: Any, measured: Any) -> None:
+        pass
+
+    def observe_running(self, context: Any, peak_bytes: int) -> None:
+        pass
 
     def predict(self, context: Any) -> Prediction:
         avg, peak = (int(x) for x in context.command.split()[1:3])
@@ -681,14 +702,14 @@ def test_a_young_attempt_at_a_long_task_is_admitted_before_an_older_short_workfl
 def test_the_auto_action_cap_comes_from_the_backend(
     tmp_path: Path, hint: int | None, expected_s: float,
 ) -> None:
-    """max_admitted_actions="auto" (the default) takes the backend's `admission_cap` (the
+    """max_admitted_actions="auto" (the default) takes the backend's capacity (the
     Docker backend has one, 4 per core); a backend without one leaves memory alone to
     limit admission. Four 1 s actions: two rounds under a cap of 2, one without."""
     clock = FakeClock()
     domain = SimDomain(GIB)
     backend = SimBackend(domain, clock)
     if hint is not None:
-        backend.admission_cap = lambda: hint  # type: ignore[attr-defined]
+        backend.capacity = lambda: BackendCapacity(max_admitted_actions=hint)  # type: ignore[method-assign]
 
     async def main() -> tuple[Any, float]:
         runtime = Runtime(domain=domain, backend=backend, state_dir=tmp_path / "state",
@@ -825,9 +846,8 @@ def test_tenon_keeps_at_most_the_backends_live_workflows(tmp_path: Path) -> None
         return spans, rt.config.max_live_workflows, rt.events.of_kind("workflow_start")
 
     class _Backend(SimBackend):
-        @staticmethod
-        def live_workflow_cap() -> int:
-            return 2
+        def capacity(self) -> BackendCapacity:
+            return BackendCapacity(max_live_workflows=2)
 
     clock = FakeClock()
     domain = SimDomain(GIB)

@@ -48,6 +48,12 @@ def test_heavy_action_is_not_starved_by_a_stream_of_light_ones() -> None:
     class ByClass:
         name = "by-class"
 
+        def observe(self, context, measured):
+            pass
+
+        def observe_running(self, context, peak_bytes):
+            pass
+
         def predict(self, context):
             from tenon.predict.base import Prediction
 

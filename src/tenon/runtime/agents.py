@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tenon.policy.baselines import AgentCgroupClass
 from tenon.policy.reclaim import AgentObs
 from tenon.policy.residency import LifecycleSlots
 from tenon.predict.base import MeasuredAction
-
-if TYPE_CHECKING:
-    from tenon.runtime.execution import RunningAction
+from tenon.runtime.execution import RunningAction
 
 GAP_EWMA_ALPHA = 0.5  # weight of the newest model wait in an agent's predicted wait
 

@@ -11,16 +11,20 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from tenon.clock import Clock
 from tenon.errors import RecoveryError
 from tenon.policy.admission import (
     ActionRequest,
+    AdmissionController,
     AdmitDecision,
     admission_headroom_bytes,
     is_heavy,
 )
-from tenon.policy.control import ControlSnapshot, Plan
+from tenon.policy.baselines import PolicySpec
+from tenon.policy.config import PolicyConfig
+from tenon.policy.control import ControlPolicy, ControlSnapshot, Plan
 from tenon.policy.execution import TickSnapshot, pressure_of
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.policy.reclaim import TeardownOrder, reclaim_candidates
@@ -32,15 +36,35 @@ from tenon.policy.residency import (
     rebuild_decision,
     residency_decision,
 )
-from tenon.runtime.agents import AgentState
+from tenon.predict.base import Predictor
+from tenon.runtime.agents import AgentState, Lifecycle, Waker
 from tenon.runtime.eligibility import check_restartable
-from tenon.runtime.execution import RunningAction
-from tenon.runtime.residency import BlockingRunner, TeardownResult
+from tenon.runtime.events import EventLog
+from tenon.runtime.execution import ExecutionLoop, RunningAction
+from tenon.runtime.residency import BlockingRunner, ResidencyManager, TeardownResult
 from tenon.runtime.results import AgentClosed, WorkflowFailed
-from tenon.sandbox.base import Sandbox
+from tenon.sandbox.base import DomainMeter, Sandbox
 
-if TYPE_CHECKING:
-    from tenon.runtime.controller import Runtime
+
+class BoundaryHost(Protocol):
+    """What the boundary decisions use of the runtime that owns them (`Runtime`)."""
+
+    config: PolicyConfig
+    spec: PolicySpec
+    clock: Clock
+    events: EventLog
+    predictor: Predictor
+    domain: DomainMeter
+    residency: ResidencyManager
+    admission: AdmissionController | None
+    execution: ExecutionLoop
+    control: ControlPolicy
+    lifecycle: Lifecycle
+    waker: Waker
+    agents: dict[str, AgentState]
+    actions: dict[str, RunningAction]
+
+    def pressure_now(self) -> PressureState: ...
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +89,7 @@ class BoundaryTally:
 class Boundary:
     """Admission waiters, teardowns and rebuilds of one runtime."""
 
-    def __init__(self, runtime: Runtime, blocking: BlockingRunner) -> None:
+    def __init__(self, runtime: BoundaryHost, blocking: BlockingRunner) -> None:
         self._rt = runtime
         self._blocking = blocking
         self.tally = BoundaryTally()

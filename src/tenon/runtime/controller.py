@@ -81,6 +81,7 @@ from tenon.runtime.results import (
 from tenon.runtime.workflows import WorkflowGate
 from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.base import (
+    BackendCapacity,
     DomainMeter,
     ExecIO,
     ExecResult,
@@ -96,13 +97,6 @@ DEFAULT_IMAGE = "tenon-base:bookworm"
 AgentResidency = Literal["new", "resident", "busy", "frozen", "torn_down", "resident_only",
                     "failed", "blocked"]
 
-
-def meter_of(sandbox: Sandbox) -> SandboxMeter:
-    """The sandbox's cgroup (every backend the runtime drives exposes one as `.cgroup`)."""
-    meter = getattr(sandbox, "cgroup", None)
-    if meter is None:
-        raise SandboxError(f"sandbox {sandbox.spec.sandbox_id} exposes no cgroup to meter")
-    return meter  # type: ignore[no-any-return]
 
 
 class Agent:
@@ -210,12 +204,7 @@ class Runtime:
         self._keep_agents = keep_agents
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
-        for key, hint_name in (("max_admitted_actions", "admission_cap"),
-                               ("max_live_workflows", "live_workflow_cap")):
-            if getattr(self.config, key) == "auto":  # the backend knows its own limits
-                hint = getattr(backend, hint_name, None)
-                self.config = self.config.model_copy(
-                    update={key: hint() if hint is not None else None})
+        self.config = _with_backend_capacity(self.config, backend.capacity())
         self.clock = clock or SystemClock()
         self.domain = domain
         self.backend = backend
@@ -681,7 +670,7 @@ class Runtime:
                        max_output_bytes: int, waited_s: float,
                        io: ExecIO | None = None) -> ActionResult:
         klass = context.action_class
-        meter = meter_of(sandbox)
+        meter = sandbox.cgroup
         first = meter.reading()
         action.meter, action.gate_id = meter, sandbox.spec.sandbox_id
         action.last_usage_bytes = first.usage_bytes
@@ -744,9 +733,8 @@ class Runtime:
             except ValueError as exc:  # advisory: a rank is never worth failing an action
                 logger.warning("work-left record of %s: %s", state.agent_id, exc)
         state.history.append(measured)
-        observe = getattr(self.predictor, "observe", None)
-        if observe is not None and outcome is not Outcome.SANDBOX_DIED:
-            observe(context, measured)
+        if outcome is not Outcome.SANDBOX_DIED:
+            self.predictor.observe(context, measured)
             if measured.oom_killed or measured.peak_bytes > self.config.heavy_peak_bytes:
                 self.boundary.repredict_queued()
         state.note_done(end)
@@ -848,9 +836,6 @@ class Runtime:
         of actions when they end: a 1.6 GiB test run lasts 12 s, and on the real 8x replay
         another attempt's same step was admitted as a light action meanwhile; both spiked
         together and were held in turn, for 50 s instead of 12."""
-        hook = getattr(self.predictor, "observe_running", None)
-        if hook is None:
-            return
         crossed = False
         for action in self.actions.values():
             if action.stats is None or action.context is None:
@@ -860,7 +845,7 @@ class Runtime:
             if peak <= max(self.config.heavy_peak_bytes, 1.1 * action.heavy_reported_bytes):
                 continue
             action.heavy_reported_bytes, crossed = peak, True
-            hook(action.context, peak)
+            self.predictor.observe_running(action.context, peak)
         if crossed:
             self.boundary.repredict_queued()
 
@@ -953,6 +938,16 @@ class Runtime:
         return None if last is None else last.level
 
 
+def _with_backend_capacity(config: PolicyConfig, capacity: BackendCapacity) -> PolicyConfig:
+    """The config with the backend's own limits where it says "auto"."""
+    update: dict[str, int | None] = {}
+    if config.max_admitted_actions == "auto":
+        update["max_admitted_actions"] = capacity.max_admitted_actions
+    if config.max_live_workflows == "auto":
+        update["max_live_workflows"] = capacity.max_live_workflows
+    return config.model_copy(update=update) if update else config
+
+
 def _agent_meta(state: AgentState) -> dict[str, Any]:
     """What a restarted controller needs to know about the agent besides its sandbox."""
     return {"workflow": state.workflow, "family": state.family, "task": state.task,
@@ -965,4 +960,4 @@ def _interrupted_result(agent_id: str, action_id: str) -> ActionResult:
                         0.0, 0.0, 0, 0, 0, 0, 0, "")
 
 
-__all__ = ["Agent", "AgentResidency", "AdmitDecision", "RecoveryError", "Runtime", "meter_of"]
+__all__ = ["Agent", "AgentResidency", "AdmitDecision", "RecoveryError", "Runtime"]

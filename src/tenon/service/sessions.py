@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tenon.errors import NotBusy, SandboxError, TenonError
-from tenon.runtime.controller import Agent, Runtime, meter_of
+from tenon.runtime.controller import Agent, Runtime
 from tenon.runtime.results import Outcome, WorkflowFailed
 from tenon.sandbox.base import ExecIO
 from tenon.service.commands import Command, CommandTable, Ended, ended_from
@@ -238,7 +238,7 @@ class SessionManager:
         if sandbox is None:
             return 0
         try:
-            return meter_of(sandbox).reading().usage_bytes
+            return sandbox.cgroup.reading().usage_bytes
         except (OSError, SandboxError):
             return 0
 
