@@ -227,6 +227,19 @@ class Runtime:
         self.last_reconcile: ReconcileReport | None = None
         self._actions_before: dict[str, int] = {}  # recovered agents' completed actions
         self._blocked: set[str] = set()  # recovered blocked agents: close() keeps their records
+        self._make_policy(domain)
+        self.lifecycle = Lifecycle(self.config.lifecycle_limit)
+        self.waker = Waker()
+        self.agents: dict[str, AgentState] = {}
+        self.actions: dict[str, RunningAction] = {}
+        self.boundary = Boundary(self, blocking)
+        self._ids = itertools.count(1)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def _make_policy(self, domain: DomainMeter) -> None:
+        """The policy objects for this runtime's spec: admission's window, the execution
+        loop and its policy, the control step, the workflow gate."""
         budget = domain.budget_bytes
         self.admission = (
             AdmissionController(self.config, self.config.window_bytes(budget or (1 << 40)))
@@ -244,14 +257,6 @@ class Runtime:
             self.spec, budget,
             max_live=live if self.spec.kind is PolicyKind.TENON and isinstance(live, int)
             else None)
-        self.lifecycle = Lifecycle(self.config.lifecycle_limit)
-        self.waker = Waker()
-        self.agents: dict[str, AgentState] = {}
-        self.actions: dict[str, RunningAction] = {}
-        self.boundary = Boundary(self, blocking)
-        self._ids = itertools.count(1)
-        self._loop_task: asyncio.Task[None] | None = None
-        self._closed = False
 
     # -- lifecycle of the runtime ------------------------------------------------
 
@@ -669,32 +674,12 @@ class Runtime:
                        command: str, context: ActionContext, timeout_s: float,
                        max_output_bytes: int, waited_s: float,
                        io: ExecIO | None = None) -> ActionResult:
-        klass = context.action_class
+        """Launch the admitted action when the gate lets it, run it, measure it, learn from
+        it, and close its boundary."""
         meter = sandbox.cgroup
-        first = meter.reading()
-        action.meter, action.gate_id = meter, sandbox.spec.sandbox_id
-        action.last_usage_bytes = first.usage_bytes
-        if not self.execution.start_action(action):
-            self.events.emit("start_held", action_id=action.action_id, agent_id=state.agent_id)
-            assert action.launch is not None
-            try:
-                await action.launch
-            except BaseException:
-                self.execution.end_action(action)
-                raise
-            if self._closed:
-                self.execution.end_action(action)
-                raise AgentClosed(f"agent {state.agent_id}: the runtime closed")
-        start = self.clock.now()
-        meter.new_oom_kills()  # the baseline: only kills during this action count
-        # a mark left by an earlier, larger action would hide this one's peak between samples
-        await self._blocking(meter.reset_peak)
-        first = meter.reading()
-        action.stats = ActionStats(start, first.usage_bytes, first.peak_bytes)
-        await self._apply_agentcgroup_mark(state, meter)
-        self.events.emit("action_start", action_id=action.action_id, agent_id=state.agent_id,
-                         sandbox_id=action.gate_id, charge_bytes=action.charge_bytes,
-                         queued_s=round(start - action.ready_at, 4))
+        await self._launch_when_let_go(state, action, sandbox)
+        start = await self._begin(state, action, meter)
+        assert action.stats is not None
         result: ExecResult | None = None
         died: str | None = None
         try:
@@ -714,22 +699,67 @@ class Runtime:
         except OSError:  # the cgroup went with the sandbox
             oom_kills, avg, peak = 0, action.stats.peak_bytes, action.stats.peak_bytes
             idle_bytes = action.last_usage_bytes
-        if died is not None:
-            outcome = Outcome.SANDBOX_DIED
-        elif oom_kills > 0:
-            outcome = Outcome.OOM_KILLED
-        elif result is not None and result.timed_out:
-            outcome = Outcome.TIMEOUT
-        else:
-            outcome = Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
+        outcome = _outcome(result, died, oom_kills)
         if outcome.fails_attempt:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
-        measured = MeasuredAction(klass, avg, peak, end - start, context.command,
-                                  oom_killed=outcome is Outcome.OOM_KILLED)
+        measured = MeasuredAction(context.action_class, avg, peak, end - start,
+                                  context.command, oom_killed=outcome is Outcome.OOM_KILLED)
+        self._learn(state, context, measured, outcome, waited_s + (end - start))
+        state.note_done(end)
+        workspace_full = self._report_done(state, action, outcome, result, measured, oom_kills,
+                                           io)
+        await self._close_boundary(state, sandbox, outcome, idle_bytes)
+        return ActionResult(
+            action.action_id, state.agent_id, outcome,
+            -9 if result is None else result.exit_code,
+            died or ("" if result is None else result.output),
+            False if result is None else result.truncated,
+            end - start, start - action.ready_at, avg, peak,
+            action.prediction.avg_bytes, action.prediction.peak_bytes, action.charge_bytes,
+            context.action_class, workspace_full=workspace_full,
+        )
+
+    async def _launch_when_let_go(self, state: AgentState, action: RunningAction,
+                                  sandbox: Sandbox) -> None:
+        """Enter the gate's view; wait while it holds the start."""
+        meter = sandbox.cgroup
+        first = meter.reading()
+        action.meter, action.gate_id = meter, sandbox.spec.sandbox_id
+        action.last_usage_bytes = first.usage_bytes
+        if self.execution.start_action(action):
+            return
+        self.events.emit("start_held", action_id=action.action_id, agent_id=state.agent_id)
+        assert action.launch is not None
+        try:
+            await action.launch
+        except BaseException:
+            self.execution.end_action(action)
+            raise
+        if self._closed:
+            self.execution.end_action(action)
+            raise AgentClosed(f"agent {state.agent_id}: the runtime closed")
+
+    async def _begin(self, state: AgentState, action: RunningAction,
+                     meter: SandboxMeter) -> float:
+        """The action starts: baselines for its OOM kills and peak, then its stats."""
+        start = self.clock.now()
+        meter.new_oom_kills()  # the baseline: only kills during this action count
+        # a mark left by an earlier, larger action would hide this one's peak between samples
+        await self._blocking(meter.reset_peak)
+        first = meter.reading()
+        action.stats = ActionStats(start, first.usage_bytes, first.peak_bytes)
+        await self._apply_agentcgroup_mark(state, meter)
+        self.events.emit("action_start", action_id=action.action_id, agent_id=state.agent_id,
+                         sandbox_id=action.gate_id, charge_bytes=action.charge_bytes,
+                         queued_s=round(start - action.ready_at, 4))
+        return start
+
+    def _learn(self, state: AgentState, context: ActionContext, measured: MeasuredAction,
+               outcome: Outcome, step_s: float) -> None:
+        """The predictor (and the work-left ranking) learn from the measured action."""
         if self.config.rank_by_work_left:  # the step's work: its model wait and its run
             try:
-                self.progress.observe(state.task, state.agent_id, len(state.history),
-                                      waited_s + (end - start))
+                self.progress.observe(state.task, state.agent_id, len(state.history), step_s)
             except ValueError as exc:  # advisory: a rank is never worth failing an action
                 logger.warning("work-left record of %s: %s", state.agent_id, exc)
         state.history.append(measured)
@@ -737,11 +767,17 @@ class Runtime:
             self.predictor.observe(context, measured)
             if measured.oom_killed or measured.peak_bytes > self.config.heavy_peak_bytes:
                 self.boundary.repredict_queued()
-        state.note_done(end)
+
+    def _report_done(self, state: AgentState, action: RunningAction, outcome: Outcome,
+                     result: ExecResult | None, measured: MeasuredAction, oom_kills: int,
+                     io: ExecIO | None) -> str | None:
+        """Record the action's end and tell the caller its outcome; why the workspace
+        refuses writes now, if it does."""
         self.events.emit("action_done", action_id=action.action_id, agent_id=state.agent_id,
                          outcome=outcome.value, exit_code=None if result is None
-                         else result.exit_code, duration_s=round(end - start, 4),
-                         avg_bytes=avg, peak_bytes=peak, oom_kills=oom_kills)
+                         else result.exit_code, duration_s=round(measured.duration_s, 4),
+                         avg_bytes=measured.avg_bytes, peak_bytes=measured.peak_bytes,
+                         oom_kills=oom_kills)
         if io is not None and io.on_outcome is not None:
             try:
                 io.on_outcome(outcome.value, -9 if result is None else result.exit_code)
@@ -754,6 +790,11 @@ class Runtime:
         if outcome is Outcome.OOM_KILLED:
             self.events.emit("oom_kill", action_id=action.action_id, agent_id=state.agent_id,
                              sandbox_id=action.gate_id, num_kills=oom_kills)
+        return workspace_full
+
+    async def _close_boundary(self, state: AgentState, sandbox: Sandbox, outcome: Outcome,
+                              idle_bytes: int) -> None:
+        """Action-done: the restart-safe check and residency, then the boundary's record."""
         # A runtime stopping and keeping its agents may have destroyed the sandbox under
         # the action: its marks stay as a crash leaves them (in flight, previous boundary).
         kept = self._closed and self._keep_agents
@@ -767,15 +808,6 @@ class Runtime:
                 boundary=("unchecked" if not checked else
                           "restartable" if state.restartable else "resident_only"),
                 reason=state.restart_reason if checked else None)
-        return ActionResult(
-            action.action_id, state.agent_id, outcome,
-            -9 if result is None else result.exit_code,
-            died or ("" if result is None else result.output),
-            False if result is None else result.truncated,
-            end - start, start - action.ready_at, avg, peak,
-            action.prediction.avg_bytes, action.prediction.peak_bytes, action.charge_bytes, klass,
-            workspace_full=workspace_full,
-        )
 
     def _workspace_full(self, agent_id: str) -> str | None:
         """Why the agent's persistent root refuses writes after an action, if it does (one
@@ -946,6 +978,16 @@ def _with_backend_capacity(config: PolicyConfig, capacity: BackendCapacity) -> P
     if config.max_live_workflows == "auto":
         update["max_live_workflows"] = capacity.max_live_workflows
     return config.model_copy(update=update) if update else config
+
+
+def _outcome(result: ExecResult | None, died: str | None, oom_kills: int) -> Outcome:
+    if died is not None:
+        return Outcome.SANDBOX_DIED
+    if oom_kills > 0:
+        return Outcome.OOM_KILLED
+    if result is not None and result.timed_out:
+        return Outcome.TIMEOUT
+    return Outcome.OK if result is not None and result.exit_code == 0 else Outcome.ERROR
 
 
 def _agent_meta(state: AgentState) -> dict[str, Any]:
