@@ -7,9 +7,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tenon.cli.main import app
-from tenon.runtime.recovery import RecoveryStore
-from tenon.runtime.statedir import locked
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.state.recovery import RecoveryStore
+from tenon.state.statedir import locked
+from tenon.state.workspace import WorkspaceStore
 
 BLOCK_REASON = "generation 1 was lost with the controller while resident-only (redis-server)"
 

@@ -19,10 +19,10 @@ from tenon.replay.differential import (
     summarize,
 )
 from tenon.replay.differential_script import Script, Step
-from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import ResidencyManager
-from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.fake import FakeBackend, FakeSandbox
+from tenon.state.recovery import RecoveryStore
+from tenon.state.workspace import WorkspaceStore
 
 MEMORY: dict[str, str] = {}  # sandbox id -> what `remember` stored: lost with the sandbox
 

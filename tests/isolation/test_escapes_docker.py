@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.base import SandboxSpec
+from tenon.state.workspace import WorkspaceStore
 from tenon.units import MIB
 
 pytestmark = pytest.mark.docker

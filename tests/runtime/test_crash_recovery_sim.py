@@ -15,11 +15,11 @@ import pytest
 from tenon.clock import FakeClock, run_simulated
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Agent, Runtime
-from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import run_inline
 from tenon.runtime.results import Outcome, WorkflowFailed
 from tenon.sandbox.base import ProcessInfo
 from tenon.sandbox.sim import SimBackend, SimDomain, sim_load_command
+from tenon.state.recovery import RecoveryStore
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

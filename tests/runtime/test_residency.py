@@ -10,11 +10,11 @@ import pytest
 
 from tenon.clock import FakeClock
 from tenon.errors import RecoveryError
-from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import REMATERIALIZE_STEPS, TEARDOWN_STEPS, ResidencyManager
-from tenon.runtime.workspace import PERSISTENT_DIRS, WorkspaceStore
 from tenon.sandbox.base import ProcessInfo
 from tenon.sandbox.fake import FakeBackend, FakeSandbox
+from tenon.state.recovery import RecoveryStore
+from tenon.state.workspace import PERSISTENT_DIRS, WorkspaceStore
 
 
 @dataclass

@@ -17,11 +17,11 @@ from tenon.errors import NotBusy, RecoveryError, UnknownAgent
 from tenon.policy.config import PolicyConfig
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
-from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import run_inline
 from tenon.runtime.results import Outcome
 from tenon.sandbox.base import ExecControl, ExecIO, ProcessInfo
 from tenon.sandbox.sim import SimBackend, SimDomain, SimSandbox, sim_load_command
+from tenon.state.recovery import RecoveryStore
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

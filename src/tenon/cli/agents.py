@@ -24,8 +24,8 @@ from rich.text import Text
 
 from tenon.cli.errors import one_line
 from tenon.errors import TenonError
-from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
-from tenon.runtime.statedir import (
+from tenon.state.recovery import RecoveryRecord, RecoveryStore
+from tenon.state.statedir import (
     DEFAULT_STATE_DIR,
     DOMAIN_FILE,
     RECOVERY_DB,
@@ -34,7 +34,7 @@ from tenon.runtime.statedir import (
     is_locked,
     locked,
 )
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.state.workspace import WorkspaceStore
 
 agents_app = typer.Typer(help="Agents in the state directory: list, unblock, discard.")
 _stderr = Console(stderr=True, soft_wrap=True, highlight=False)

@@ -19,7 +19,7 @@ Choices, and why:
   mount namespaces that outlive the host mount by a moment.
 - Mounted `nodev,nosuid`: a device node or setuid binary written by an agent is inert.
 
-Only `host/` touches mounts; `runtime/workspace.py` decides which agent gets what.
+Only `host/` touches mounts; `state/workspace.py` decides which agent gets what.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from tenon.host.diskfs import DiskLimits
 from tenon.replay import standalone
 from tenon.replay.differential_script import Script, Step
 from tenon.runtime.residency import ResidencyManager, TeardownOutcome
-from tenon.runtime.statedir import DEFAULT_STATE_DIR
+from tenon.state.statedir import DEFAULT_STATE_DIR
 
 logger = logging.getLogger(__name__)
 

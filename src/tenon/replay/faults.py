@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tenon.errors import ConfigError
 from tenon.runtime.residency import REMATERIALIZE_STEPS, TEARDOWN_STEPS
-from tenon.runtime.statedir import DOMAIN_FILE, EVENTS_FILE, RECOVERY_DB
+from tenon.state.statedir import DOMAIN_FILE, EVENTS_FILE, RECOVERY_DB
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +231,8 @@ def _kill_one(config: FaultConfig, config_path: Path, number: int, target: str,
 def committed_bytes(run_dir: Path) -> tuple[int, int, int]:
     """(records checked, committed bytes, bytes lost): every torn-down record's manifest
     against its workspace on disk, as a dead controller left them."""
-    from tenon.runtime.recovery import RecoveryStore
-    from tenon.runtime.workspace import WorkspaceStore, scan
+    from tenon.state.recovery import RecoveryStore
+    from tenon.state.workspace import WorkspaceStore, scan
 
     if not (run_dir / RECOVERY_DB).exists():
         return 0, 0, 0

@@ -14,11 +14,11 @@ from tenon.clock import SystemClock
 from tenon.errors import BackendUnavailable
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
-from tenon.runtime.recovery import RecoveryStore
 from tenon.runtime.residency import ResidencyManager
-from tenon.runtime.statedir import DEFAULT_STATE_DIR
-from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.registry import make_backend
+from tenon.state.recovery import RecoveryStore
+from tenon.state.statedir import DEFAULT_STATE_DIR
+from tenon.state.workspace import WorkspaceStore
 
 
 @contextlib.asynccontextmanager

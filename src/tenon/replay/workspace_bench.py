@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tenon.host.diskfs import DiskLimits
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.state.workspace import WorkspaceStore
 from tenon.units import MIB
 
 NUM_SMALL_FILES = 500

@@ -68,8 +68,6 @@ from tenon.runtime.agents import AgentState, Lifecycle, Phase, Waker
 from tenon.runtime.boundary import Boundary
 from tenon.runtime.events import EventLog
 from tenon.runtime.execution import ExecutionLoop, RunningAction
-from tenon.runtime.reconcile import LeftoverRemover, ReconcileReport, reconcile
-from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
 from tenon.runtime.residency import BlockingRunner, ResidencyManager
 from tenon.runtime.results import (
     ActionResult,
@@ -79,7 +77,6 @@ from tenon.runtime.results import (
     WorkflowFailed,
 )
 from tenon.runtime.workflows import WorkflowGate
-from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.base import (
     BackendCapacity,
     DomainMeter,
@@ -89,6 +86,9 @@ from tenon.sandbox.base import (
     SandboxBackend,
     SandboxMeter,
 )
+from tenon.state.reconcile import LeftoverRemover, ReconcileReport, reconcile
+from tenon.state.recovery import RecoveryRecord, RecoveryStore
+from tenon.state.workspace import WorkspaceStore
 
 logger = logging.getLogger(__name__)
 

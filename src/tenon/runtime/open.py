@@ -12,9 +12,9 @@ from typing import Any
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
 from tenon.runtime.controller import Runtime
-from tenon.runtime.statedir import DEFAULT_STATE_DIR, EVENTS_FILE, locked
-from tenon.runtime.statedir import domain_name as domain_name_of
 from tenon.sandbox.registry import make_backend
+from tenon.state.statedir import DEFAULT_STATE_DIR, EVENTS_FILE, locked
+from tenon.state.statedir import domain_name as domain_name_of
 
 logger = logging.getLogger(__name__)
 

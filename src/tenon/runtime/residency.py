@@ -45,9 +45,9 @@ from tenon.clock import Clock
 from tenon.errors import RecoveryError, SandboxError
 from tenon.host.diskfs import DiskLimits
 from tenon.runtime.eligibility import check_restartable
-from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
-from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.base import ExecIO, ExecResult, Sandbox, SandboxBackend, SandboxSpec
+from tenon.state.recovery import RecoveryRecord, RecoveryStore
+from tenon.state.workspace import WorkspaceStore
 
 logger = logging.getLogger(__name__)
 

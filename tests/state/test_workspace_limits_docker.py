@@ -12,7 +12,7 @@ import pytest
 
 from tenon.host import diskfs
 from tenon.host.diskfs import DiskLimits
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.state.workspace import WorkspaceStore
 from tenon.units import MIB
 
 pytestmark = [pytest.mark.docker, pytest.mark.disk]

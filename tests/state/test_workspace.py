@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import WorkspaceError
-from tenon.runtime.workspace import Manifest, WorkspaceStore
+from tenon.state.workspace import Manifest, WorkspaceStore
 
 
 def make_tree(root: Path) -> None:

@@ -15,9 +15,9 @@ import pytest
 from tenon.host.domain import WorkloadDomain
 from tenon.host.leftovers import domain_cgroups
 from tenon.runtime.open import leftover_remover, open_runtime
-from tenon.runtime.recovery import RecoveryStore
-from tenon.runtime.statedir import StateDirBusy, domain_name
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.state.recovery import RecoveryStore
+from tenon.state.statedir import StateDirBusy, domain_name
+from tenon.state.workspace import WorkspaceStore
 
 STATE_DIR = Path("/var/lib/tenon")
 MIB = 1024 * 1024

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import RecoveryError
-from tenon.runtime.recovery import RecoveryStore
+from tenon.state.recovery import RecoveryStore
 
 
 def make_store(tmp_path: Path) -> RecoveryStore:

@@ -15,7 +15,7 @@ import pytest
 from tenon.errors import WorkspaceError
 from tenon.host import diskfs
 from tenon.host.diskfs import DiskLimits
-from tenon.runtime.workspace import PERSISTENT_DIRS, WorkspaceStore
+from tenon.state.workspace import PERSISTENT_DIRS, WorkspaceStore
 from tenon.units import MIB
 
 SMALL = DiskLimits(disk_bytes=64 * MIB, max_inodes=512)

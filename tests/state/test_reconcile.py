@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import ConfigError
-from tenon.runtime.reconcile import Restore, reconcile, restore_decision
-from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
-from tenon.runtime.statedir import (
+from tenon.state.reconcile import Restore, reconcile, restore_decision
+from tenon.state.recovery import RecoveryRecord, RecoveryStore
+from tenon.state.statedir import (
     StateDirBusy,
     domain_name,
     holder_pid,
     is_locked,
     locked,
 )
-from tenon.runtime.workspace import WorkspaceStore
+from tenon.state.workspace import WorkspaceStore
 
 
 def make_record(**fields: object) -> RecoveryRecord:
@@ -97,7 +97,7 @@ def test_a_second_controller_on_the_same_state_dir_is_refused(tmp_path: Path) ->
 def test_the_lock_names_the_holding_process_and_dies_with_it(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from pathlib import Path; from tenon.runtime.statedir import locked\n"
+         "import sys, time; from pathlib import Path; from tenon.state.statedir import locked\n"
          "with locked(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)",
          str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tenon.errors import RecoveryError
-from tenon.runtime.workspace import Manifest
+from tenon.state.workspace import Manifest
 
 logger = logging.getLogger(__name__)
 

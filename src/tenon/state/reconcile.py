@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenon.errors import RecoveryError, WorkspaceError
-from tenon.runtime.recovery import RecoveryRecord, RecoveryStore
-from tenon.runtime.workspace import WorkspaceStore
 from tenon.sandbox.ownership import hide_persistent_root
+from tenon.state.recovery import RecoveryRecord, RecoveryStore
+from tenon.state.workspace import WorkspaceStore
 
 logger = logging.getLogger(__name__)
 
