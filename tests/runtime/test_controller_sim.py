@@ -658,14 +658,9 @@ def test_an_exec_that_finds_its_sandbox_frozen_waits_for_the_thaw(tmp_path: Path
     assert elapsed >= 1.5 + 2.0 - 0.2  # ran only after the thaw
 
 
-@pytest.mark.parametrize("by_work_left", [True, False])
-def test_a_young_attempt_at_a_long_task_is_admitted_before_an_older_short_workflow(
-    tmp_path: Path, by_work_left: bool,
-) -> None:
-    """Rank: start time moved earlier by the work expected to be left. An attempt at a task
-    whose earlier attempt ran ~6 s goes before an older workflow of no known task, for
-    which the typical finished workflow (two of the three ran 0.5 s) is all there is to go
-    by; ranked by start time alone (the ablation), the older one goes first."""
+def test_the_older_workflow_is_admitted_first(tmp_path: Path) -> None:
+    """Rank is the workflow's start time: with one slot at a time, an older workflow's
+    action goes before a younger one's, whatever peers of the younger one's task ran."""
     async def body(rt, domain, backend, clock):
         lead = await rt.create_agent(image="sim", task="T")
         for _ in range(3):
@@ -690,11 +685,8 @@ def test_a_young_attempt_at_a_long_task_is_admitted_before_an_older_short_workfl
 
     old_at, young_at = run_with_runtime(
         tmp_path, body, predictor=FixedPredictor(200 * MIB, 200 * MIB),
-        config=PolicyConfig(rank_by_work_left=by_work_left))
-    if by_work_left:
-        assert young_at < old_at
-    else:
-        assert old_at < young_at
+    )
+    assert old_at < young_at
     assert abs(young_at - old_at) > 0.5  # one slot at a time: a blocker's end apart
 
 
@@ -702,9 +694,9 @@ def test_a_young_attempt_at_a_long_task_is_admitted_before_an_older_short_workfl
 def test_the_auto_action_cap_comes_from_the_backend(
     tmp_path: Path, hint: int | None, expected_s: float,
 ) -> None:
-    """max_admitted_actions="auto" (the default) takes the backend's capacity (the
-    Docker backend has one, 4 per core); a backend without one leaves memory alone to
-    limit admission. Four 1 s actions: two rounds under a cap of 2, one without."""
+    """Admission takes its action cap from the backend's capacity (the Docker backend has
+    one, 4 per core); a backend without one leaves memory alone to limit admission. Four
+    1 s actions: two rounds under a cap of 2, one without."""
     clock = FakeClock()
     domain = SimDomain(GIB)
     backend = SimBackend(domain, clock)
@@ -719,7 +711,7 @@ def test_the_auto_action_cap_comes_from_the_backend(
             agents = [await runtime.create_agent(image="sim") for _ in range(4)]
             start = clock.now()
             await asyncio.gather(*(a.run(load(10, 10, 1.0), timeout=60) for a in agents))
-            return runtime.config.max_admitted_actions, clock.now() - start
+            return runtime.capacity.max_admitted_actions, clock.now() - start
 
     cap, took = asyncio.run(run_simulated(main(), clock))
     assert cap == hint
@@ -769,26 +761,19 @@ def _idle_then_test(test_load: str) -> Callable[..., Awaitable[Any]]:
     return body
 
 
-@pytest.mark.parametrize("hold", [False, True])
 def test_a_heavy_prediction_that_stays_small_starts_without_emptying_the_domain(
-    tmp_path: Path, hold: bool,
+    tmp_path: Path,
 ) -> None:
-    """A start predicted heavy is not held until its whole predicted peak fits: it starts on
-    bootstrap demand and the gate meters its measured growth. Held (`hold_heavy_starts`,
-    the old rule) it had room for 1.9 GiB (peak plus slack) made by tearing down idle
-    sandboxes, for a run that needed 30 MiB."""
+    """A start predicted heavy is not held until its whole predicted peak (1.9 GiB with
+    slack) fits: it starts on bootstrap demand and the gate meters its measured growth, so
+    no idle sandbox is torn down for a run that needs 30 MiB."""
     result, held, teardowns, _ = run_with_runtime(
         tmp_path, _idle_then_test(load(20, 30, 1.0)), budget_bytes=3 * GIB,
-        predictor=_TestsLookHeavy(),
-        config=PolicyConfig(hold_heavy_starts=hold, reclaim_min_idle_s=0.0))
+        predictor=_TestsLookHeavy(), config=PolicyConfig(reclaim_min_idle_s=0.0))
     assert result.outcome is Outcome.OK
-    if hold:  # the old rule: held past overdue, idle sandboxes torn down for it
-        assert teardowns
-        assert result.queued_s + result.duration_s > 3.0
-    else:
-        assert not held
-        assert not teardowns
-        assert result.queued_s + result.duration_s < 1.5
+    assert not held
+    assert not teardowns
+    assert result.queued_s + result.duration_s < 1.5
 
 
 def test_a_heavy_start_that_does_grow_gets_room_from_idle_sandboxes_without_oom(
@@ -843,7 +828,7 @@ def test_tenon_keeps_at_most_the_backends_live_workflows(tmp_path: Path) -> None
             return started, clock.now()
 
         spans = await asyncio.gather(*(workflow() for _ in range(3)))
-        return spans, rt.config.max_live_workflows, rt.events.of_kind("workflow_start")
+        return spans, rt.capacity.max_live_workflows, rt.events.of_kind("workflow_start")
 
     class _Backend(SimBackend):
         def capacity(self) -> BackendCapacity:

@@ -19,7 +19,7 @@ from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
 from tenon.runtime.results import Outcome
-from tenon.sandbox.base import ExecControl, ExecIO, ProcessInfo
+from tenon.sandbox.base import BackendCapacity, ExecControl, ExecIO, ProcessInfo
 from tenon.sandbox.sim import SimBackend, SimDomain, SimSandbox, sim_load_command
 from tenon.state.recovery import RecoveryStore
 
@@ -35,10 +35,13 @@ def load(duration_s: float, peak_mib: int = 20) -> str:
 
 
 def make_runtime(state_dir: Path, clock: FakeClock, *, keep_agents: bool = False,
-                 policy: str = "tenon",
-                 config: PolicyConfig | None = None) -> tuple[Runtime, SimBackend]:
+                 policy: str = "tenon", config: PolicyConfig | None = None,
+                 max_admitted_actions: int | None = None) -> tuple[Runtime, SimBackend]:
     domain = SimDomain(GIB)
     backend = SimBackend(domain, clock)
+    if max_admitted_actions is not None:
+        capacity = BackendCapacity(max_admitted_actions=max_admitted_actions)
+        backend.capacity = lambda: capacity  # type: ignore[method-assign]
     runtime = Runtime(domain=domain, backend=backend, state_dir=state_dir, clock=clock,
                       blocking=run_inline, keep_events=True, policy=policy, config=config,
                       keep_agents=keep_agents, predictor=FixedPredictor(10 * MIB, 20 * MIB))
@@ -451,7 +454,7 @@ def test_keeping_agents_tears_down_one_whose_next_action_is_only_queued(
 
     async def main() -> Any:
         rt, _ = make_runtime(tmp_path / "state", clock, keep_agents=True,
-                             config=PolicyConfig(max_admitted_actions=1))
+                             max_admitted_actions=1)
         async with rt:
             queued = await rt.create_agent(image="sim", agent_id="queued")
             running = await rt.create_agent(image="sim", agent_id="running")

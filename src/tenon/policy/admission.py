@@ -5,8 +5,8 @@ Each admitted light action holds a logical charge `(1-a)*avg + a*peak` with
 (`admission_charge`). The charge is set at admission and released
 exactly once at completion; it only ever shrinks in between, when the action has passed
 its peak (`past_peak_charge`). Light and heavy actions queue separately but share
-the window, each served in workflow rank order (oldest first, or least slack first with
-`rank_by_work_left`; `ActionRequest.rank_at`). The first ready heavy action accrues
+the window, each served in workflow rank order (oldest workflow first;
+`ActionRequest.rank_at`). The first ready heavy action accrues
 protected credit at `heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
 credit, so once it covers the heavy action's charge, light admissions stop
 eating the room it needs and it is admitted as soon as running actions release.
@@ -34,9 +34,8 @@ class ActionRequest:
     prediction: Prediction
     ready_at: float
     rank_at: float | None = None
-    """The workflow's place in line: its start time (moved earlier by the work expected to
-    be left when `rank_by_work_left` is on; `predict.progress`). Queues serve the smallest
-    rank first, then readiness; None ranks by readiness alone."""
+    """The workflow's place in line: its start time. Queues serve the smallest rank first,
+    then readiness; None ranks by readiness alone."""
 
     @property
     def queue_key(self) -> tuple[float, float]:
@@ -103,10 +102,17 @@ def is_heavy(prediction: Prediction, config: PolicyConfig) -> bool:
 class AdmissionController:
     """Queues ready actions and admits them; `decide` is deterministic given `now`."""
 
-    def __init__(self, config: PolicyConfig, window_bytes: int) -> None:
+    def __init__(self, config: PolicyConfig, window_bytes: int, *,
+                 max_admitted_actions: int | None = None) -> None:
+        """`max_admitted_actions`: what the backend serves well at once
+        (`BackendCapacity`); None: memory alone limits admission."""
         if window_bytes <= 0:
             raise ValueError(f"window_bytes must be positive, got {window_bytes}")
+        if max_admitted_actions is not None and max_admitted_actions < 1:
+            raise ValueError(f"max_admitted_actions must be at least 1, got "
+                             f"{max_admitted_actions}")
         self._config = config
+        self._max_admitted = max_admitted_actions
         self._window_bytes = window_bytes
         self._light: list[ActionRequest] = []
         self._heavy: list[ActionRequest] = []
@@ -154,9 +160,8 @@ class AdmissionController:
 
     @property
     def at_capacity(self) -> bool:
-        """As many actions are admitted as `max_admitted_actions` allows."""
-        cap = self._config.max_admitted_actions
-        return isinstance(cap, int) and len(self._charges) >= cap  # "auto": the runtime's
+        """As many actions are admitted as the backend serves well at once."""
+        return self._max_admitted is not None and len(self._charges) >= self._max_admitted
 
     def update_prediction(self, action_id: str, prediction: Prediction) -> bool:
         """Give a queued action a new prediction (it may move between the light and heavy
@@ -244,18 +249,14 @@ class AdmissionController:
         return None
 
     def heavy_physical_bytes(self, charge: int) -> int:
-        """The headroom a heavy action needs to be admitted: its whole charge, or with heavy
-        starts metered (`PolicyConfig.hold_heavy_starts` off) the bootstrap demand.
+        """The headroom a heavy action needs to be admitted: the bootstrap demand (at most
+        its charge).
 
         Its logical charge is still its predicted peak, so light actions are not admitted
         into the room it may grow into. But the gate starts it on the bootstrap demand and
-        meters what it does grow, and reclaim gives idle memory back to a held grower; holding
-        its admission until the domain had physical room for the whole peak made room that
-        a false heavy did not use. On the replay of the real traces a retried workflow's
-        test steps, predicted at 1.7 GiB from a peer's one large run, each queued 12-25 s
-        while idle sandboxes were torn down for them, and peaked at 27-40 MiB."""
-        if self._config.hold_heavy_starts:
-            return charge
+        meters what it does grow, and reclaim gives idle memory back to a held grower:
+        physical room for a whole predicted peak would be made for growth that a falsely
+        predicted heavy action never does (heavy predictions come from a peer's largest run)."""
         return min(charge, self._config.bootstrap_demand_bytes)
 
     def _fits(self, charge: int, reserved: float, physical_left: int, *,

@@ -325,8 +325,9 @@ class ExecutionPolicy:
 
     def _launch_demand(self, action: ActionObs, demand: int) -> int:
         """The room a start needs to launch: its demand, or for a start predicted heavy the
-        bootstrap demand (`PolicyConfig.hold_heavy_starts` says why). The gate then meters
-        its measured growth, and reclaim gives idle memory back only as far as it grows.
+        bootstrap demand (heavy predictions are often false: see
+        `AdmissionController.heavy_physical_bytes`). The gate then meters its measured
+        growth, and reclaim gives idle memory back only as far as it grows.
         The caller still takes its whole demand from this period's room, so no other start
         launches into it beside it."""
         if self._starts_metered(action):
@@ -334,7 +335,7 @@ class ExecutionPolicy:
         return demand
 
     def _starts_metered(self, action: ActionObs) -> bool:
-        return not self._config.hold_heavy_starts and is_heavy(action.prediction, self._config)
+        return is_heavy(action.prediction, self._config)
 
 
 def started_actions(actions: Sequence[ActionObs]) -> list[ActionObs]:

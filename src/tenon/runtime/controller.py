@@ -62,7 +62,6 @@ from tenon.policy.control import ControlPolicy
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 from tenon.predict.classify import classify_action
-from tenon.predict.progress import PeerProgress
 from tenon.predict.static import StaticPredictor
 from tenon.runtime.agents import AgentState, Lifecycle, Phase, Waker
 from tenon.runtime.boundary import Boundary
@@ -78,7 +77,6 @@ from tenon.runtime.results import (
 )
 from tenon.runtime.workflows import WorkflowGate
 from tenon.sandbox.base import (
-    BackendCapacity,
     DomainMeter,
     ExecIO,
     ExecResult,
@@ -204,14 +202,13 @@ class Runtime:
         self._keep_agents = keep_agents
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
-        self.config = _with_backend_capacity(self.config, backend.capacity())
+        self.capacity = backend.capacity()
         self.clock = clock or SystemClock()
         self.domain = domain
         self.backend = backend
         if predictor is None or self.spec.static_predictor:  # the ablation forces static
             predictor = StaticPredictor(heavy_peak_bytes=self.config.heavy_peak_bytes)
         self.predictor = predictor
-        self.progress = PeerProgress()
         self.events = EventLog(event_log, self.clock.now, keep_in_memory=keep_events)
         self._blocking = blocking
         self._backend_config = dict(backend_config or {})
@@ -242,7 +239,8 @@ class Runtime:
         loop and its policy, the control step, the workflow gate."""
         budget = domain.budget_bytes
         self.admission = (
-            AdmissionController(self.config, self.config.window_bytes(budget or (1 << 40)))
+            AdmissionController(self.config, self.config.window_bytes(budget or (1 << 40)),
+                                max_admitted_actions=self.capacity.max_admitted_actions)
             if self.spec.use_admission else None
         )
         self.execution = ExecutionLoop(
@@ -252,11 +250,9 @@ class Runtime:
         self.control = ControlPolicy(self.config, self.execution.policy, self.admission,
                                      use_gate=self.spec.use_gate,
                                      use_residency=self.spec.use_residency)
-        live = self.config.max_live_workflows
         self.workflows = WorkflowGate(
-            self.spec, budget,
-            max_live=live if self.spec.kind is PolicyKind.TENON and isinstance(live, int)
-            else None)
+            self.spec, budget, max_live=self.capacity.max_live_workflows
+            if self.spec.kind is PolicyKind.TENON else None)
 
     # -- lifecycle of the runtime ------------------------------------------------
 
@@ -419,7 +415,6 @@ class Runtime:
             if state.root_made:
                 await self.residency.finish(state.agent_id, delete_workspace=delete_workspace)
         finally:
-            self.progress.finish(state.agent_id, complete=state.failed_reason is None)
             self.agents.pop(state.agent_id, None)
             self.workflows.leave(state.agent_id)
             self.events.emit("workflow_end", agent_id=state.agent_id,
@@ -620,8 +615,6 @@ class Runtime:
                           action_class: str | None, max_output_bytes: int,
                           issued_command: str, io: ExecIO | None) -> ActionResult:
         ready_at = self.clock.now()
-        waited_s = ready_at - (state.last_done_at if state.last_done_at is not None
-                               else state.created_at)
         state.note_ready(ready_at)
         self._rank(state)
         klass = action_class or classify_action("Bash", issued_command)
@@ -654,7 +647,7 @@ class Runtime:
             self._recovery.note_action_start(state.agent_id, action_id,
                                              agent_meta=_agent_meta(state))
             return await self._execute(state, action, sandbox, command, context, timeout_s,
-                                       max_output_bytes, max(waited_s, 0.0), io)
+                                       max_output_bytes, io)
         finally:
             state.action = None
             self.actions.pop(action_id, None)
@@ -662,18 +655,15 @@ class Runtime:
                 self.boundary.release(action)
             self.waker.notify()
 
-    def _rank(self, state: AgentState) -> None:
-        """Place the agent in line for its next action: its start time, moved earlier by
-        the work expected to be left from this step when `rank_by_work_left` is on."""
-        left = 0.0
-        if self.config.rank_by_work_left:
-            left = self.progress.remaining_s(state.task, state.agent_id, len(state.history))
-        state.rank_at = state.created_at - left
+    @staticmethod
+    def _rank(state: AgentState) -> None:
+        """Place the agent in line for its next action: its workflow's start time (oldest
+        first, so that started workflows finish instead of all finishing late)."""
+        state.rank_at = state.created_at
 
     async def _execute(self, state: AgentState, action: RunningAction, sandbox: Sandbox,
                        command: str, context: ActionContext, timeout_s: float,
-                       max_output_bytes: int, waited_s: float,
-                       io: ExecIO | None = None) -> ActionResult:
+                       max_output_bytes: int, io: ExecIO | None = None) -> ActionResult:
         """Launch the admitted action when the gate lets it, run it, measure it, learn from
         it, and close its boundary."""
         meter = sandbox.cgroup
@@ -704,7 +694,7 @@ class Runtime:
             state.failed_reason = died or f"OOM kill during {action.action_id}"
         measured = MeasuredAction(context.action_class, avg, peak, end - start,
                                   context.command, oom_killed=outcome is Outcome.OOM_KILLED)
-        self._learn(state, context, measured, outcome, waited_s + (end - start))
+        self._learn(state, context, measured, outcome)
         state.note_done(end)
         workspace_full = self._report_done(state, action, outcome, result, measured, oom_kills,
                                            io)
@@ -755,13 +745,8 @@ class Runtime:
         return start
 
     def _learn(self, state: AgentState, context: ActionContext, measured: MeasuredAction,
-               outcome: Outcome, step_s: float) -> None:
-        """The predictor (and the work-left ranking) learn from the measured action."""
-        if self.config.rank_by_work_left:  # the step's work: its model wait and its run
-            try:
-                self.progress.observe(state.task, state.agent_id, len(state.history), step_s)
-            except ValueError as exc:  # advisory: a rank is never worth failing an action
-                logger.warning("work-left record of %s: %s", state.agent_id, exc)
+               outcome: Outcome) -> None:
+        """The predictor learns from the measured action."""
         state.history.append(measured)
         if outcome is not Outcome.SANDBOX_DIED:
             self.predictor.observe(context, measured)
@@ -968,16 +953,6 @@ class Runtime:
     def pressure_level(self) -> Pressure | None:
         last = self.execution.last_pressure
         return None if last is None else last.level
-
-
-def _with_backend_capacity(config: PolicyConfig, capacity: BackendCapacity) -> PolicyConfig:
-    """The config with the backend's own limits where it says "auto"."""
-    update: dict[str, int | None] = {}
-    if config.max_admitted_actions == "auto":
-        update["max_admitted_actions"] = capacity.max_admitted_actions
-    if config.max_live_workflows == "auto":
-        update["max_live_workflows"] = capacity.max_live_workflows
-    return config.model_copy(update=update) if update else config
 
 
 def _outcome(result: ExecResult | None, died: str | None, oom_kills: int) -> Outcome:

@@ -3,7 +3,7 @@
 `static-N` admits at most N workflows at once; `reservation` admits a workflow while the
 profiled lifetime peaks of the admitted ones fit the budget; everything else (Tenon, eager,
 agentcgroup) admits a workflow at once, except that Tenon keeps at most `max_live` live
-(`PolicyConfig.max_live_workflows`: what the backend can serve). The decisions are the pure
+(`BackendCapacity.max_live_workflows`: what the backend can serve). The decisions are the pure
 functions of `policy.baselines`; this is the queue of waiting callers around them.
 """
 
