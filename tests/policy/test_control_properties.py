@@ -118,7 +118,9 @@ def test_predictive_rebuilds_only_under_green_on_free_slots_for_torn_down_idle_a
     for agent_id in chosen:
         agent = by_id[agent_id]
         assert agent.torn_down
-        assert not (agent.busy or agent.closed or agent.in_lifecycle)
+        assert not agent.busy
+        assert not agent.closed
+        assert not agent.in_lifecycle
 
 
 def make_policy(*, use_gate: bool = True, use_residency: bool = True,
