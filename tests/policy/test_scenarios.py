@@ -16,7 +16,7 @@ from tenon.policy import (
     residency_decision,
 )
 from tenon.policy.admission import AdmissionController, Prediction, past_peak_charge
-from tenon.policy.bench import bench_gate
+from tenon.replay.gate_bench import bench_gate
 
 from .factories import MIB, gate_decision, make_config, make_idle, make_request, make_sample
 

@@ -252,7 +252,7 @@ def bench_gate_cmd(
     json_path: JsonOut = None,
 ) -> None:
     """Time one execution-gate decision (observe + decide) for N sandboxes."""
-    from tenon.policy.bench import bench_gate
+    from tenon.replay.gate_bench import bench_gate
 
     try:
         _check_sandboxes(sandboxes, what="--sandboxes")
