@@ -42,8 +42,14 @@ def mount_table(pid: int | str, proc_root: Path = PROC_ROOT) -> list[Mount]:
         try:
             before, after = line.split(" - ", 1)
             fields = before.split()
-            table.append(Mount(mount_point=fields[4], writable="rw" in fields[5].split(","),
-                               fs_type=after.split()[0], root=fields[3]))
+            table.append(
+                Mount(
+                    mount_point=fields[4],
+                    writable="rw" in fields[5].split(","),
+                    fs_type=after.split()[0],
+                    root=fields[3],
+                )
+            )
         except (ValueError, IndexError):
             raise HostError(f"{path}: malformed line {line!r}") from None
     return table

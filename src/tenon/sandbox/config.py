@@ -28,8 +28,10 @@ def _workload_domain(domain: DomainMeter, backend: str) -> WorkloadDomain:
     from tenon.host.domain import WorkloadDomain
 
     if not isinstance(domain, WorkloadDomain):
-        raise ConfigError(f"the {backend} backend runs in a real workload domain (cgroups), "
-                          f"not in {type(domain).__name__}")
+        raise ConfigError(
+            f"the {backend} backend runs in a real workload domain (cgroups), "
+            f"not in {type(domain).__name__}"
+        )
     return domain
 
 
@@ -42,7 +44,8 @@ class ProcessBackendConfig(BaseModel):
     state_dir: Path = Field(
         default=DEFAULT_STATE_DIR,
         description="Where base images are unpacked into root filesystems and sandboxes' "
-        "mounts are staged (the runtime's state directory).")
+        "mounts are staged (the runtime's state directory).",
+    )
 
     def make(self, domain: DomainMeter, clock: Clock | None = None) -> SandboxBackend:
         """The backend, materializing in `domain` (a `WorkloadDomain`); `clock` is unused."""
@@ -73,9 +76,11 @@ class SimBackendConfig(BaseModel):
 
     type: Literal["sim"] = Field(default="sim", description="Selects this backend.")
     materialize_s: float = Field(
-        default=0.02, ge=0.0, description="Clock time a materialization takes.")
+        default=0.02, ge=0.0, description="Clock time a materialization takes."
+    )
     base_bytes: int = Field(
-        default=0, ge=0, description="Memory an idle sandbox's init holds, charged to it.")
+        default=0, ge=0, description="Memory an idle sandbox's init holds, charged to it."
+    )
 
     def make(self, domain: DomainMeter, clock: Clock | None = None) -> SandboxBackend:
         """The backend, materializing in `domain` (a `SimDomain`) on `clock` (required:
@@ -83,12 +88,14 @@ class SimBackendConfig(BaseModel):
         from tenon.sandbox.sim import SimBackend, SimDomain
 
         if not isinstance(domain, SimDomain):
-            raise ConfigError(f"the sim backend runs in a SimDomain, not in "
-                              f"{type(domain).__name__}")
+            raise ConfigError(
+                f"the sim backend runs in a SimDomain, not in {type(domain).__name__}"
+            )
         if clock is None:
             raise ConfigError("the sim backend needs the runtime's clock")
-        return SimBackend(domain, clock, materialize_s=self.materialize_s,
-                          base_bytes=self.base_bytes)
+        return SimBackend(
+            domain, clock, materialize_s=self.materialize_s, base_bytes=self.base_bytes
+        )
 
 
 BackendConfig = Annotated[
@@ -107,13 +114,15 @@ def parse_backend_config(data: Mapping[str, Any]) -> BackendConfig:
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'type'}: {err['msg']}"
-            for err in exc.errors())
-        raise ConfigError(f"backend config {dict(data)!r}: {problems} (types: "
-                          f"{', '.join(BACKEND_TYPES)})") from None
+            for err in exc.errors()
+        )
+        raise ConfigError(
+            f"backend config {dict(data)!r}: {problems} (types: {', '.join(BACKEND_TYPES)})"
+        ) from None
 
 
-def make_backend(config: BackendConfig, domain: DomainMeter, *,
-                 clock: Clock | None = None) -> SandboxBackend:
+def make_backend(
+    config: BackendConfig, domain: DomainMeter, *, clock: Clock | None = None
+) -> SandboxBackend:
     """The backend `config` selects, imported only now, materializing in `domain`."""
     return config.make(domain, clock)
-
