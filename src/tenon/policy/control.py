@@ -15,7 +15,13 @@ from dataclasses import dataclass, replace
 
 from tenon.policy.admission import AdmissionController, past_peak_charge
 from tenon.policy.config import PolicyConfig
-from tenon.policy.execution import ActionObs, ExecutionPolicy, TickPlan, TickSnapshot
+from tenon.policy.execution import (
+    ActionObs,
+    ExecutionPolicy,
+    TickPlan,
+    TickSnapshot,
+    pressure_of,
+)
 from tenon.policy.pressure import Pressure, PressureState
 from tenon.policy.reclaim import (
     AgentObs,
@@ -26,7 +32,14 @@ from tenon.policy.reclaim import (
     reclaim_deficit_bytes,
     reclaimable_bytes,
 )
-from tenon.policy.residency import LifecycleSlots
+from tenon.policy.residency import (
+    IdleSandbox,
+    LifecycleSlots,
+    Residency,
+    ResidencyDecision,
+    ResidencySnapshot,
+    residency_decision,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +60,15 @@ class PeakRelease:
     charge_bytes: int
     freed_bytes: int
     admitted_total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryPlan:
+    """An action's end: whether its idle sandbox stays, and the teardowns that follow."""
+
+    pressure: PressureState
+    residency: ResidencyDecision
+    teardowns: tuple[TeardownOrder, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +137,24 @@ class ControlPolicy:
             freed = admission.shrink(a.action_id, charge)
             releases.append(PeakRelease(a, charge, freed, admission.admitted_total_bytes))
         return tuple(releases)
+
+    def after_action(self, snap: ControlSnapshot, box: IdleSandbox) -> BoundaryPlan:
+        """Action-done, the restart-safe check made: retain the idle sandbox or tear it down.
+
+        Under green a teardown must amortize its cost over the model wait. Under pressure
+        the idle sandboxes compete: the last-ranked workflows' go first (they wait longest
+        for admission), as many as the physical deficit needs, this one included if it is
+        among them."""
+        tick = snap.tick
+        pressure = pressure_of(tick.budget_bytes, tick.usage_bytes, tick.actions, self._config)
+        decision = residency_decision(ResidencySnapshot(box, pressure.level, snap.slots),
+                                      tick.now, self._config)
+        if decision.action is not Residency.TEAR_DOWN:
+            return BoundaryPlan(pressure, decision)
+        if pressure.level is Pressure.GREEN:
+            return BoundaryPlan(pressure, decision,
+                                (TeardownOrder(box.sandbox_id, decision.reason),))
+        return BoundaryPlan(pressure, decision, self.reclaim(snap, pressure))
 
     def reclaim(self, snap: ControlSnapshot, pressure: PressureState,
                 ) -> tuple[TeardownOrder, ...]:

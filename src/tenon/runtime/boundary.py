@@ -26,15 +26,12 @@ from tenon.policy.baselines import PolicySpec
 from tenon.policy.config import PolicyConfig
 from tenon.policy.control import ControlPolicy, ControlSnapshot, Plan
 from tenon.policy.execution import TickSnapshot, pressure_of
-from tenon.policy.pressure import Pressure, PressureState
+from tenon.policy.pressure import PressureState
 from tenon.policy.reclaim import TeardownOrder, reclaim_candidates
 from tenon.policy.residency import (
     IdleSandbox,
     Rebuild,
-    Residency,
-    ResidencySnapshot,
     rebuild_decision,
-    residency_decision,
 )
 from tenon.predict.base import Predictor
 from tenon.runtime.agents import AgentState, Lifecycle, Waker
@@ -293,24 +290,15 @@ class Boundary:
         state.restartable, state.restart_reason = eligibility.restartable, eligibility.reason
         state.idle_bytes = last_usage
         self.tally.add(eligibility.restartable)
-        pressure = rt.pressure_now()
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
                           state.predicted_wait_s or 0.0, state.rank)
-        decision = residency_decision(ResidencySnapshot(box, pressure.level, rt.lifecycle.slots),
-                                      rt.clock.now(), rt.config)
+        plan = rt.control.after_action(self.snapshot_now(), box)
+        decision = plan.residency
         rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
                        reason=decision.reason, restartable=eligibility.restartable,
-                       eligibility=eligibility.reason, pressure=pressure.level.name.lower(),
+                       eligibility=eligibility.reason, pressure=plan.pressure.level.name.lower(),
                        restartable_share=round(self.tally.share or 0.0, 4))
-        if decision.action is not Residency.TEAR_DOWN:
-            return
-        if pressure.level is Pressure.GREEN:
-            self._start_teardown(state, why=decision.reason)
-        else:
-            # Under pressure the idle sandboxes compete: the last-ranked workflows' go first
-            # (they wait longest for admission), as many as the physical deficit needs,
-            # this one included if it is among them.
-            self.reclaim(pressure)
+        self._start_teardowns(plan.teardowns)
 
     def reclaim(self, pressure: PressureState) -> None:
         """Under pressure at a boundary: the policy's teardowns (`ControlPolicy.reclaim`)."""
