@@ -61,8 +61,6 @@ class BoundaryHost(Protocol):
     agents: dict[str, AgentState]
     actions: dict[str, RunningAction]
 
-    def pressure_now(self) -> PressureState: ...
-
 logger = logging.getLogger(__name__)
 
 

@@ -59,7 +59,7 @@ from tenon.policy.baselines import (
 )
 from tenon.policy.config import PolicyConfig
 from tenon.policy.control import ControlPolicy
-from tenon.policy.pressure import Pressure, PressureState
+from tenon.policy.pressure import Pressure
 from tenon.predict.base import ActionContext, MeasuredAction, Predictor
 from tenon.predict.classify import classify_action
 from tenon.predict.static import StaticPredictor
@@ -812,9 +812,6 @@ class Runtime:
             state.mark_applied_to = id(meter)
 
     # -- the execution loop ---------------------------------------------------------
-
-    def pressure_now(self) -> PressureState:
-        return self.execution.pressure(self.actions.values(), self.domain.reading())
 
     async def _exec_when_let_go(self, agent_id: str, command: str, timeout_s: float,
                                 max_output_bytes: int, io: ExecIO | None = None) -> ExecResult:
