@@ -118,6 +118,13 @@ def test_capacity_only_the_docker_engine_limits_concurrency():
         BackendCapacity(max_admitted_actions=0)
 
 
+def test_backends_without_state_outside_the_domain_remove_no_leftovers():
+    for backend in (FakeBackend(), SimBackend(SimDomain(None), FakeClock())):
+        assert backend.remove_leftovers() == []
+        backend.release_domain()
+    assert ProcessBackend.remove_leftovers(None) == []  # type: ignore[arg-type]
+
+
 def test_only_the_sim_backend_is_simulated():
     assert SimBackend(SimDomain(None), FakeClock()).simulated
     assert not FakeBackend().simulated

@@ -423,6 +423,16 @@ async def test_cleanup_domain_containers_removes_leftovers(env, docker_client):
         assert sandbox.host_uid not in backend.uids.held()
 
 
+async def test_remove_leftovers_names_each_container_it_removed(env, docker_client):
+    backend, workspace = env
+    left = [await backend.materialize(make_spec(workspace)) for _ in range(2)]
+    removed = backend.remove_leftovers()
+    assert sorted(removed) == sorted(f"container:{s.container.id[:12]}" for s in left)
+    assert backend.remove_leftovers() == []
+    for sandbox in left:
+        await sandbox.destroy()
+
+
 def test_bare_docker_lifecycle_reports_medians(docker_client, base_image):
     from tenon.sandbox.docker import bare_docker_lifecycle
 

@@ -243,3 +243,15 @@ class SandboxBackend(Protocol):
     async def materialize(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox; return only when an exec would succeed."""
         ...
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove what sandboxes of this backend's domain hold outside the domain's cgroups
+        (a dead controller's containers), before any sandbox of this controller exists;
+        what was removed, each named in one string. The domain's cgroups are the
+        runtime's to remove (`WorkloadDomain.remove_children`)."""
+        ...
+
+    def release_domain(self) -> None:
+        """After the workload domain is removed: remove what the backend made for it
+        outside the domain itself. Idempotent."""
+        ...

@@ -266,6 +266,16 @@ class DockerBackend:
         return BackendCapacity(max_admitted_actions=max_actions,
                                max_live_workflows=2 * max_actions)
 
+    def remove_leftovers(self) -> list[str]:
+        """Remove every container labelled with this domain (a dead controller's)."""
+        return [f"container:{cid[:12]}"
+                for cid in remove_domain_containers(self.client, self.domain.name)]
+
+    def release_domain(self) -> None:
+        """Remove the `<hierarchy>/<domain>` directories Docker's cgroupfs driver made in
+        hierarchies the domain does not own (`remove_parent_cgroups`)."""
+        remove_parent_cgroups(self.domain.name)
+
     # The runtime still looks these up by name when its config says "auto".
     def admission_cap(self) -> int | None:
         return self.capacity().max_admitted_actions
@@ -742,17 +752,23 @@ def remove_parent_cgroups(domain_name: str, cgroup_root: Path = CGROUP_ROOT) -> 
     remove_empty_domain_dirs(domain_name, cgroup_root)
 
 
-def cleanup_domain_containers(client: docker.DockerClient, domain_name: str) -> int:
-    """Remove every container labelled with `domain_name` (after a controller crash)."""
-    num_removed = 0
+def remove_domain_containers(client: docker.DockerClient, domain_name: str) -> list[str]:
+    """Remove every container labelled with `domain_name` (after a controller crash); the
+    ids of those removed."""
+    removed = []
     label = f"{DOMAIN_LABEL}={domain_name}"
     for container in client.containers.list(all=True, filters={"label": label}):
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
-            num_removed += 1
-    if num_removed:
-        logger.info("removed %d leftover containers of domain %s", num_removed, domain_name)
-    return num_removed
+            removed.append(str(container.id))
+    if removed:
+        logger.info("removed %d leftover containers of domain %s", len(removed), domain_name)
+    return removed
+
+
+def cleanup_domain_containers(client: docker.DockerClient, domain_name: str) -> int:
+    """`remove_domain_containers`, counted."""
+    return len(remove_domain_containers(client, domain_name))
 
 
 def bare_docker_lifecycle(

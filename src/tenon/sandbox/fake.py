@@ -339,6 +339,12 @@ class FakeBackend:
     def capacity(self) -> BackendCapacity:
         return BackendCapacity()
 
+    def remove_leftovers(self) -> list[str]:
+        return []
+
+    def release_domain(self) -> None:
+        pass
+
     def check(self) -> list[str]:
         return list(self.problems)
 

@@ -144,6 +144,13 @@ class ProcessBackend:
         serves it."""
         return BackendCapacity()
 
+    def remove_leftovers(self) -> list[str]:
+        """Nothing: a sandbox is its cgroup's processes, which the domain's removal kills."""
+        return []
+
+    def release_domain(self) -> None:
+        """Nothing: every sandbox lives inside the domain."""
+
     def check(self) -> list[str]:
         problems = []
         packages = {"bwrap": "bubblewrap", "nsenter": "util-linux", "setpriv": "util-linux",

@@ -347,6 +347,12 @@ class SimBackend:
         """No limit beyond memory: simulated actions cost no CPU of the host."""
         return BackendCapacity()
 
+    def remove_leftovers(self) -> list[str]:
+        return []
+
+    def release_domain(self) -> None:
+        pass
+
     def check(self) -> list[str]:
         return []
 
