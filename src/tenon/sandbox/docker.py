@@ -276,13 +276,6 @@ class DockerBackend:
         hierarchies the domain does not own (`remove_parent_cgroups`)."""
         remove_parent_cgroups(self.domain.name)
 
-    # The runtime still looks these up by name when its config says "auto".
-    def admission_cap(self) -> int | None:
-        return self.capacity().max_admitted_actions
-
-    def live_workflow_cap(self) -> int | None:
-        return self.capacity().max_live_workflows
-
     def check(self, image: str = "tenon-base:bookworm") -> list[str]:
         try:
             client = self.client
