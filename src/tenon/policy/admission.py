@@ -65,11 +65,11 @@ def admission_charge(prediction: Prediction, admitted_total_bytes: int, window_b
     """The water-level charge; for a heavy action at least its predicted peak.
 
     The execution gate will not start an action until its predicted peak fits, so a heavy
-    one admitted at a water-level charge near its average (the window was emptyish) holds
+    one admitted at a water-level charge near its average (the window is nearly empty) holds
     less of the window than it waits for: light actions are admitted into the room its start
-    needs (on the real 8x replay an admitted 1.6 GiB test waited 57 s to start), and a
-    second heavy action whose peak cannot fit beside the first is admitted too (two such
-    tests then took 40 s each, held in turn, instead of 12).
+    needs, so it waits long after admission to start, and a second heavy action whose peak
+    cannot fit beside the first is admitted too, so both are held in turn and each takes
+    several times its own length.
     """
     charge = water_level_charge(prediction, admitted_total_bytes, window_bytes)
     return max(charge, prediction.peak_bytes) if heavy else charge
@@ -320,8 +320,8 @@ class AdmissionController:
                 remaining.append(req)
                 if not overdue_held and now - req.ready_at >= self._config.overdue_after_s:
                     # The first overdue light action that does not fit keeps its room from
-                    # the ones behind it: a 0.9 GiB one (below the heavy line, so no credit)
-                    # waited 165 s on the real 8x replay while small ones took every gap.
+                    # the ones behind it: one below the heavy line earns no credit, and
+                    # without this small ones would take every gap and starve it.
                     reserved += charge
                     overdue_held = True
         self._light = remaining

@@ -199,9 +199,10 @@ def gate_demand_bytes(
     sandbox at its peak would look like a fast grower indefinitely. A cap <= 0 means the
     action outgrew its prediction, which is then no guide: while it still grows, its demand
     is its measured projection or `outgrown_demand_fraction` of its overshoot, whichever is
-    larger (on the real host a 1.6 GiB test run predicted at 134 MiB measured 50-100 MiB a
-    horizon between holds; released with 630 MiB of headroom, the domain was full 0.17 s
-    later). The liveness probe keeps a stale estimate from holding everything forever.
+    larger (between holds, a sandbox far past its prediction measures a projection much
+    smaller than what it still takes, and released on that alone it fills the headroom
+    within a period). The liveness probe keeps a stale estimate from holding everything
+    forever.
     Demand within the resident band over the horizon is zero, as for a measured rate.
     """
     bootstrap = config.bootstrap_demand_bytes
@@ -235,12 +236,11 @@ def outgrown_queue(
 
     Served in the order they outgrew (then id): each may grow only if its demand fits H
     after the demands of the earlier ones still growing. A misprediction is typically a
-    task whose copies all run the same large step: on the replay of the real traces two
-    copies of a 1.7 GiB test run, both predicted at 140 MiB, were thawed together each time
-    the domain turned green and frozen together when it did not. Each then held half the
-    memory the other needed; after 22 s the one let go as a probe was OOM-killed, and the
-    retried workflow finished last. The later one now waits frozen near its predicted
-    size, so the earlier one can have the domain.
+    task whose copies all run the same large step. Thawed together whenever the domain
+    turns green and frozen together when it does not, each would hold half the memory the
+    other needs, until the one let go as a probe is OOM-killed and its workflow retried.
+    In order, the later one waits frozen near its predicted size, so the earlier one can
+    have the domain.
     """
     order = sorted(
         (sid for sid, est in estimates.items()

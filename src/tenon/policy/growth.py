@@ -5,8 +5,8 @@ sandbox's growth rate is an EWMA over *valid* intervals only. An interval is
 invalid when the gate changed the sandbox's permission during it (a frozen
 sandbox does not grow, a thawed one catches up), when the sandbox was held
 throughout (a v1 freeze that has not settled still gains CPU time, and its flat
-memory then read as "no growth": a mispredicted 1.6 GiB test run held for 40 s
-was let go under red as "no projected growth" and OOM-killed), or when the
+memory would read as "no growth": a mispredicted grower held long enough would be
+let go under red as "no projected growth" and OOM-killed), or when the
 sandbox gained no CPU time (it was not running, so its flat memory says nothing
 about its growth).
 """

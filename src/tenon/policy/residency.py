@@ -123,9 +123,9 @@ def reclaim_key(box: IdleSandbox) -> tuple[float, int, str]:
 
     The last-ranked workflow is the last that admission serves, so its sandbox stays idle the
     longest: the memory a teardown frees stays free, and the rebuild is a long way off.
-    Largest-first took whichever agent had just finished an action, whose next one was
-    ready a third of a second later: on the 8x replay 2,331 teardowns, as many rebuilds,
-    a median of 0.23 s between them, and 137 CPU-seconds of a 2-core host.
+    Largest-first alone takes whichever agent has just finished an action, whose next one
+    is ready a moment later: every such teardown is followed at once by a rebuild, and the
+    churn costs the host CPU without freeing memory for long.
     """
     return (-box.rank_at, -box.working_set_bytes, box.sandbox_id)
 

@@ -114,10 +114,10 @@ class Boundary:
     def repredict_queued(self) -> None:
         """Predict every queued action again: the predictor just learned something large.
 
-        An action is predicted once, when it becomes ready; at 8x one may then queue for a
-        minute. A peer's heavy run (or OOM kill) observed meanwhile did not reach it: in a
-        real 8x replay with the forest, two copies of a test step that had just been killed
-        in another copy were still admitted as 50 MiB actions. Only large observations call
+        An action is predicted once, when it becomes ready, and under load it may then queue
+        for a long time. A peer's heavy run (or OOM kill) observed meanwhile would not reach
+        it: copies of a step just killed in another copy would still be admitted at their
+        light prediction. Only large observations call
         this, so the admission path does not pay a prediction per queued action per action.
         """
         rt = self._rt

@@ -847,9 +847,9 @@ class Runtime:
     def _report_heavy_growth(self) -> None:
         """Tell the predictor, mid-run, of an action that crossed the heavy line (and each
         time it grows a tenth more), and predict the queued ones again. Otherwise it hears
-        of actions when they end: a 1.6 GiB test run lasts 12 s, and on the real 8x replay
-        another attempt's same step was admitted as a light action meanwhile; both spiked
-        together and were held in turn, for 50 s instead of 12."""
+        of actions only when they end, and while a long heavy run lasts another attempt's
+        same step is admitted as a light action; both then spike together and are held in
+        turn, each taking several times its own length."""
         crossed = False
         for action in self.actions.values():
             if action.stats is None or action.context is None:

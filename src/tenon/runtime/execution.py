@@ -292,7 +292,7 @@ class ExecutionLoop:
             except HostError as exc:
                 # Requested but not settled yet: a task in uninterruptible sleep (runc setting
                 # up a Docker exec, a tmpfs write) delays the v1 freezer. The kernel finishes
-                # the transition; waiting for it here stalled the whole loop 5 s per sandbox.
+                # the transition; waiting for it here would stall the whole loop per sandbox.
                 action.allowed = allow
                 logger.debug("gate: %s of %s not settled: %s", "thaw" if allow else "freeze",
                              action.gate_id, exc)
