@@ -62,7 +62,9 @@ class ExecControl(Protocol):
         """Feed the command's stdin (SandboxError when it was not opened or is closed)."""
         ...
 
-    async def close_stdin(self) -> None: ...
+    async def close_stdin(self) -> None:
+        """Close the command's stdin (it reads end of file); idempotent."""
+        ...
 
     async def signal(self, signum: int) -> None:
         """Send `signum` to the command's whole process tree (SIGKILL ends it)."""
@@ -107,7 +109,9 @@ class SandboxMeter(Protocol):
     `host.cgroup.SandboxCgroup` is the real one; `sandbox.sim.SimCgroup` the simulated one.
     """
 
-    def reading(self) -> MemoryReading: ...
+    def reading(self) -> MemoryReading:
+        """Usage, peak, limit, CPU time and OOM kills of the sandbox's cgroup."""
+        ...
 
     def sample(self) -> tuple[int, float]:
         """(usage_bytes, cpu_usage_s), cheaply: the execution loop's per-period read."""
@@ -121,35 +125,51 @@ class SandboxMeter(Protocol):
         """Restart the peak at the current usage; False where the cgroup cannot."""
         ...
 
-    def is_frozen(self) -> bool: ...
+    def is_frozen(self) -> bool:
+        """Whether the freezer holds the sandbox now."""
+        ...
 
     def freeze(self, timeout_s: float = ...) -> GateResult:
         """Hold the sandbox; HostError if it is not frozen within `timeout_s`."""
         ...
 
-    def thaw(self, timeout_s: float = ...) -> GateResult: ...
+    def thaw(self, timeout_s: float = ...) -> GateResult:
+        """Let the sandbox run again; HostError if it is not thawed within `timeout_s`."""
+        ...
 
     def held_s(self) -> float:
         """Total seconds held frozen by the gate (excluded from action timeouts)."""
         ...
 
-    def set_cpu_quota(self, fraction: float | None) -> None: ...
+    def set_cpu_quota(self, fraction: float | None) -> None:
+        """Cap the sandbox's CPU at `fraction` of one CPU; None lifts the cap."""
+        ...
 
-    def set_memory_high(self, high_bytes: int | None) -> None: ...
+    def set_memory_high(self, high_bytes: int | None) -> None:
+        """Throttle the sandbox above `high_bytes` (memory.high); None lifts the mark."""
+        ...
 
 
 class DomainMeter(Protocol):
     """The workload domain as the controller uses it (`host.domain.WorkloadDomain` is one)."""
 
     name: str
+    """The domain's cgroup name (also the label of what its sandboxes leave behind)."""
     budget_bytes: int | None
+    """The memory limit Tenon manages; None: unlimited."""
 
     @property
-    def version(self) -> CgroupVersion: ...
+    def version(self) -> CgroupVersion:
+        """The cgroup version whose memory controller the domain uses."""
+        ...
 
-    def reading(self) -> MemoryReading: ...
+    def reading(self) -> MemoryReading:
+        """The domain's usage, peak and limit, all its sandboxes included."""
+        ...
 
-    def set_budget(self, budget_bytes: int | None) -> None: ...
+    def set_budget(self, budget_bytes: int | None) -> None:
+        """Set the memory limit (None: unlimited)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -175,7 +195,9 @@ class Sandbox(Protocol):
     """A live physical sandbox."""
 
     @property
-    def spec(self) -> SandboxSpec: ...
+    def spec(self) -> SandboxSpec:
+        """What the sandbox was materialized from."""
+        ...
 
     @property
     def cgroup_name(self) -> str:
