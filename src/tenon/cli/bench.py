@@ -210,8 +210,9 @@ def interruptible() -> Iterator[None]:
     """SIGINT and SIGTERM both stop the bench the way Ctrl-C does (cleanup, partial results).
 
     A process started in the background by a non-interactive shell inherits SIGINT ignored,
-    and Python then leaves it ignored: `kill -INT` did nothing. SIGTERM (what a service
-    manager or `kill` sends) had no cleanup at all. Both now reach asyncio's SIGINT path.
+    and Python then leaves it ignored, so `kill -INT` alone would do nothing; SIGTERM (what
+    a service manager or `kill` sends) would skip cleanup. Both are sent to asyncio's SIGINT
+    path.
     """
     def forward(signum: int, frame: object) -> None:
         del signum, frame

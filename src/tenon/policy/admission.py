@@ -81,8 +81,8 @@ def past_peak_charge(charge_bytes: int, prediction: Prediction, *, start_bytes: 
 
     Passed: its sandbox rose to at least `f` of the predicted peak and has since fallen to
     at most `f` of the peak it reached (f = `peak_release_fraction`). A test run that
-    spikes to 1.6 GiB in its first seconds and then idles for ten would otherwise hold a
-    gigabyte of the window it no longer uses, and light work queues behind it. The new
+    spikes to a gigabyte in its first seconds and then idles would otherwise hold room in
+    the window it no longer uses, and light work queues behind it. The new
     charge is what the sandbox holds, at least the predicted average. If it grows again,
     the execution gate holds it when there is no room, as for any misprediction.
     """

@@ -4,12 +4,12 @@ For an action of class C, the predicted peak is the largest of: the static figur
 largest peak C reached earlier in the same workflow, and the largest peak C reached in any
 peer workflow that completed an action before. Peers are the workflows on the same task when
 the task is known (`ActionContext.peer_key`), else the same family (e.g. a repository): one
-repository's tasks differ (a test suite that needed 1.6 GiB in one task made every test run
-of the repository's other task "heavy" and queued for a gigabyte it never used). The average is
-raised the same way with the mean of those measurements. It learns during a run (`observe`
+repository's tasks differ (a test suite that needs a gigabyte in one task would make every
+test run of its other tasks "heavy", queued for memory it never uses). The average is raised
+the same way with the mean of those measurements. It learns during a run (`observe`
 after each action, and `observe_running` when a running action crosses the heavy line) from
 nothing but what other actions measured, so it never sees the action it predicts: a test
-suite that needed 1.6 GiB once is expected to need it again.
+suite that needed a gigabyte once is expected to need it again.
 """
 
 from __future__ import annotations

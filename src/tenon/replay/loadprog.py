@@ -4,10 +4,10 @@ It runs with the base image's `python3` (stdlib only, Python 3.11), so it is a s
 `LOAD_PROGRAM_SOURCE`, and `load_command(...)` wraps it in a `python3 -S -c` shell command.
 
 It reproduces memory, not CPU (traces record none), so it spends as little CPU as it can: a
-replay at 8x runs about 4,000 of them on two cores, and their cost is the same for every
+sped-up replay runs thousands of them on a few cores, and their cost is the same for every
 policy. `-S` skips `site`, the result line is formatted by hand (importing `json` pulls in
-`re` and cost 8 ms of an action's 20 ms start-up), and each chunk is mapped with
-MAP_POPULATE, which faults its pages in one call (18 ms for 40 MiB instead of 40 ms). The
+`re`, a large share of the program's start-up), and each chunk is mapped with MAP_POPULATE,
+which faults its pages in one call instead of one fault per page. The
 pages are still written afterwards: populate is best effort, and a page it skipped must be
 charged all the same.
 

@@ -38,7 +38,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     head = (f"{summary['workflows']} workflows, budget {format_bytes(summary['budget_bytes'])}, "
             f"oversubscription {summary['oversubscription']:.2f}x, backend "
             f"{meta.get('backend', '?')}, speed {meta.get('speed', '?')}x")
-    bound = summary.get("makespan_bound_s")  # absent from summaries written before it was
+    bound = summary.get("makespan_bound_s")  # optional: a summary may lack it
     if bound is not None:
         head += (f"; no policy can finish before {bound:.1f} s (the latest any workflow "
                  "ends if it runs alone from its submission)")
@@ -47,7 +47,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
              "timeouts | attempts | failed attempts | restartable boundaries |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in summary["policies"].items():
-        share = p.get("restartable_share")  # absent from summaries written before it was
+        share = p.get("restartable_share")  # optional: a summary may lack it
         lines.append(
             f"| {name} | {p['completed']}/{summary['workflows']} | {p['makespan_s']:.1f} | "
             f"{p['p50_latency_s']:.1f} | {format_bytes(p['peak_memory_bytes'])} | "

@@ -342,7 +342,7 @@ class WorkspaceStore:
         """Make the workspace durable, then describe it.
 
         An image-backed root is its agent's own filesystem: one syncfs makes all of it
-        durable (measured 7x faster than an fsync per file and directory, which a plain
+        durable (several times faster than an fsync per file and directory, which a plain
         root still gets). Capture runs only when no process is left in the sandbox, so
         nothing changes between the sync and the scan.
         """
