@@ -4,7 +4,8 @@ The runtime observes into a frozen `ControlSnapshot` (the domain's budget and us
 admitted action, every agent, the lifecycle slots), calls `step`, acts on the `Plan`
 (gate changes and launches, throttles, charges shrunk past their peaks, teardowns,
 predictive rebuilds, each with its reason) and hands results back through
-`ExecutionPolicy.launched`/`ended` and the admission calls. The policy holds decision
+`ExecutionPolicy.launched`/`ended` and the admission calls. At an action's end,
+`after_action` decides its idle sandbox's residency (a `BoundaryPlan`). The policy holds decision
 state only: the gate's estimates, the AIMD budget, admission's queues and charges. It does
 no I/O and reads no clock.
 """

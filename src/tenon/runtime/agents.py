@@ -52,8 +52,8 @@ class AgentState:
     """The task the workflow attempts; predictors share measurements between its attempts."""
     history: list[MeasuredAction] = field(default_factory=list)
     rank_at: float | None = None
-    """Its place in admission's line (`ActionRequest.rank_at`); None until first ranked,
-    then `created_at` moved earlier by the work its peers showed is left."""
+    """Its place in admission's line (`ActionRequest.rank_at`): its workflow's start time;
+    None until first ranked."""
     phase: Phase = Phase.NEW
     root_made: bool = False
     """A persistent root exists (made with the first sandbox, by a workspace edit, or
