@@ -14,6 +14,8 @@ from tenon.host.types import CgroupVersion, GateResult, MemoryReading
 PERSISTENT_MOUNTS: dict[str, str] = {"workspace": "/workspace", "home": "/home/user",
                                      "tmp": "/tmp"}
 HOME_DIR = PERSISTENT_MOUNTS["home"]
+# The runtime's fixed state directory; backends unpack base images there by default.
+DEFAULT_STATE_DIR = Path("/var/lib/tenon")
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from tenon.errors import ConfigError
+from tenon.sandbox.base import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
     from tenon.clock import Clock
     from tenon.host.domain import WorkloadDomain
     from tenon.sandbox.base import DomainMeter, SandboxBackend
 
-DEFAULT_STATE_DIR = Path("/var/lib/tenon")  # the runtime's fixed state directory
 
 
 def _workload_domain(domain: DomainMeter, backend: str) -> WorkloadDomain:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tenon.errors import BackendUnavailable, ImageNotFound
-from tenon.sandbox.config import DEFAULT_STATE_DIR
+from tenon.sandbox.base import DEFAULT_STATE_DIR
 
 logger = logging.getLogger(__name__)
 

@@ -67,6 +67,7 @@ from tenon.sandbox._exec import (
     wait_ready,
 )
 from tenon.sandbox.base import (
+    DEFAULT_STATE_DIR,
     HOME_DIR,
     PERSISTENT_MOUNTS,
     BackendCapacity,
@@ -75,7 +76,6 @@ from tenon.sandbox.base import (
     ProcessInfo,
     SandboxSpec,
 )
-from tenon.sandbox.config import DEFAULT_STATE_DIR
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
