@@ -23,6 +23,7 @@ from tenon.cli.errors import fail, require_writable_dir, require_writable_file, 
 from tenon.cli.predict import predict_app
 from tenon.cli.serve import serve_cmd
 from tenon.errors import ConfigError, TenonError
+from tenon.sandbox.base import SandboxBackend
 from tenon.units import MIB, format_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -208,6 +209,7 @@ def bench_lifecycle_cmd(
         impl_domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
     except TenonError as exc:
         _fail(exc)
+    impl: SandboxBackend | None = None
     try:
         impl = make_backend(backend, impl_domain, state_dir)
         problems = impl.check()
@@ -226,10 +228,8 @@ def bench_lifecycle_cmd(
         _fail(exc)
     finally:
         impl_domain.remove()
-        if backend == "docker":
-            from tenon.sandbox.docker import remove_parent_cgroups
-
-            remove_parent_cgroups(impl_domain.name)
+        if impl is not None:
+            impl.release_domain()
     if backend == "docker":
         ratio = result["materialize_ms"] / result["bare_run_ms"]
         console.print(f"materialize / bare docker run = {ratio:.3f} (target <= 1.25)")

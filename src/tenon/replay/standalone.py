@@ -15,6 +15,7 @@ from tenon.errors import BackendUnavailable
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
 from tenon.runtime.residency import ResidencyManager
+from tenon.sandbox.base import SandboxBackend
 from tenon.sandbox.registry import make_backend
 from tenon.state.recovery import RecoveryStore
 from tenon.state.statedir import DEFAULT_STATE_DIR
@@ -35,6 +36,7 @@ async def open_manager(
     each agent's root its own filesystem; None: plain directories). Everything it made,
     mounts included, is removed on exit."""
     domain = WorkloadDomain.open(f"{prefix}-{uuid.uuid4().hex[:8]}", budget_bytes=budget_bytes)
+    impl: SandboxBackend | None = None
     try:
         await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f"{prefix}-", dir=state_dir) as tmp:
@@ -50,7 +52,5 @@ async def open_manager(
                 await asyncio.to_thread(workspaces.unmount_all)
     finally:
         domain.remove()
-        if backend == "docker":
-            from tenon.sandbox.docker import remove_parent_cgroups
-
-            remove_parent_cgroups(domain.name)
+        if impl is not None:
+            impl.release_domain()

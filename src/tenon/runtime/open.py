@@ -12,6 +12,7 @@ from typing import Any
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
 from tenon.runtime.controller import Runtime
+from tenon.sandbox.base import SandboxBackend
 from tenon.sandbox.registry import make_backend
 from tenon.state.statedir import DEFAULT_STATE_DIR, EVENTS_FILE, locked
 from tenon.state.statedir import domain_name as domain_name_of
@@ -19,17 +20,12 @@ from tenon.state.statedir import domain_name as domain_name_of
 logger = logging.getLogger(__name__)
 
 
-def leftover_remover(domain: WorkloadDomain, backend: str) -> list[str]:
-    """Kill and remove every sandbox of `domain`: its containers (Docker), then every cgroup
-    below it. Called before any agent runs, so none of them is this controller's."""
-    removed: list[str] = []
-    if backend == "docker":
-        from tenon.sandbox.docker import cleanup_domain_containers, connect
-
-        num = cleanup_domain_containers(connect(), domain.name)
-        removed += [f"container:{i}" for i in range(num)]
-    removed += [f"cgroup:{rel}" for rel in domain.remove_children()]
-    return removed
+def leftover_remover(domain: WorkloadDomain, backend: SandboxBackend) -> list[str]:
+    """Kill and remove every sandbox of `domain`: what the backend holds outside the domain
+    (Docker's containers), then every cgroup below it. Called before any agent runs, so
+    none of them is this controller's."""
+    return [*backend.remove_leftovers(),
+            *(f"cgroup:{rel}" for rel in domain.remove_children())]
 
 
 @contextlib.asynccontextmanager
@@ -62,6 +58,7 @@ async def open_runtime(
     with locked(home):
         name = domain_name_of(home, domain_name)
         domain = WorkloadDomain.open(name, budget_bytes=budget_bytes)
+        impl: SandboxBackend | None = None
         try:
             impl = make_backend(backend, domain, state_dir)
             runtime_kwargs.setdefault("event_log", home / EVENTS_FILE)
@@ -71,20 +68,16 @@ async def open_runtime(
                               keep_agents=keep_agents, **runtime_kwargs)
             try:
                 await runtime.start()
-                runtime.recover(lambda: leftover_remover(domain, backend))
+                runtime.recover(lambda: leftover_remover(domain, impl))
                 yield runtime
             finally:
                 await runtime.close()
         finally:
             try:
-                if backend == "docker":
-                    from tenon.sandbox.docker import cleanup_domain_containers, connect
-
+                if impl is not None:
                     with contextlib.suppress(Exception):
-                        cleanup_domain_containers(connect(), name)
+                        impl.remove_leftovers()
                 domain.remove()
             finally:
-                if backend == "docker":
-                    from tenon.sandbox.docker import remove_parent_cgroups
-
-                    remove_parent_cgroups(name)
+                if impl is not None:
+                    impl.release_domain()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tenon.errors import HostError
+from tenon.policy.pressure import red_line_bytes, yellow_line_bytes
 
 if TYPE_CHECKING:
     from tenon.runtime.controller import Runtime
@@ -95,20 +96,18 @@ def region_lines(runtime: Runtime) -> tuple[int | None, int | None]:
     budget = runtime.domain.budget_bytes
     if budget is None:
         return None, None
-    config = runtime.config
-    base = budget - config.safety_margin_bytes
-    red = base - config.red_fraction * budget
-    yellow = red - config.yellow_fraction * budget
+    base = budget - runtime.config.safety_margin_bytes
+    yellow = base - yellow_line_bytes(budget, runtime.config)
+    red = base - red_line_bytes(budget, runtime.config)
     return max(int(yellow), 0), max(int(red), 0)
 
 
 def _memory_of(runtime: Runtime, agent_id: str) -> int | None:
     sandbox = runtime.residency.sandbox_for(agent_id)
-    meter = None if sandbox is None else getattr(sandbox, "cgroup", None)
-    if meter is None:
+    if sandbox is None:
         return None
     try:
-        return int(meter.reading().usage_bytes)
+        return int(sandbox.cgroup.reading().usage_bytes)
     except (OSError, HostError):  # torn down between the lookup and the read
         return None
 
