@@ -70,6 +70,8 @@ class BoundaryPlan:
     pressure: PressureState
     residency: ResidencyDecision
     teardowns: tuple[TeardownOrder, ...] = ()
+    reclaim: bool = False
+    """Under pressure: the idle sandboxes compete (`ControlPolicy.reclaim` picks them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,7 @@ class ControlPolicy:
         if not self._use_residency:
             return Plan(tick, releases)
         launched = {c.action.action_id for c in tick.changes if c.launch}
-        actions = tuple(replace(a, launched=True, allowed=True) if a.action_id in launched
+        actions = tuple(a._replace(launched=True, allowed=True) if a.action_id in launched
                         else a for a in snap.tick.actions)
         after = replace(snap, tick=replace(snap.tick, actions=actions))
         teardowns = self.reclaim(after, tick.pressure)
@@ -139,23 +141,23 @@ class ControlPolicy:
             releases.append(PeakRelease(a, charge, freed, admission.admitted_total_bytes))
         return tuple(releases)
 
-    def after_action(self, snap: ControlSnapshot, box: IdleSandbox) -> BoundaryPlan:
+    def after_action(self, tick: TickSnapshot, slots: LifecycleSlots,
+                     box: IdleSandbox) -> BoundaryPlan:
         """Action-done, the restart-safe check made: retain the idle sandbox or tear it down.
 
         Under green a teardown must amortize its cost over the model wait. Under pressure
-        the idle sandboxes compete: the last-ranked workflows' go first (they wait longest
-        for admission), as many as the physical deficit needs, this one included if it is
-        among them."""
-        tick = snap.tick
+        the idle sandboxes compete (`reclaim`): the last-ranked workflows' go first (they
+        wait longest for admission), as many as the physical deficit needs, this one
+        included if it is among them."""
         pressure = pressure_of(tick.budget_bytes, tick.usage_bytes, tick.actions, self._config)
-        decision = residency_decision(ResidencySnapshot(box, pressure.level, snap.slots),
+        decision = residency_decision(ResidencySnapshot(box, pressure.level, slots),
                                       tick.now, self._config)
         if decision.action is not Residency.TEAR_DOWN:
             return BoundaryPlan(pressure, decision)
         if pressure.level is Pressure.GREEN:
             return BoundaryPlan(pressure, decision,
                                 (TeardownOrder(box.sandbox_id, decision.reason),))
-        return BoundaryPlan(pressure, decision, self.reclaim(snap, pressure))
+        return BoundaryPlan(pressure, decision, reclaim=True)
 
     def reclaim(self, snap: ControlSnapshot, pressure: PressureState,
                 ) -> tuple[TeardownOrder, ...]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from tenon.policy.admission import is_heavy
 from tenon.policy.baselines import AgentCgroupSandbox, agentcgroup_actions
@@ -24,9 +25,31 @@ from tenon.policy.pressure import Pressure, PressureState, classify_pressure, ye
 from tenon.predict.base import Prediction
 
 
-@dataclass(frozen=True, slots=True)
-class ActionObs:
-    """One admitted action as the runtime observed it this period."""
+class ActionView(Protocol):
+    """What the policy reads of an admitted action: a frozen `ActionObs` in a snapshot, or
+    the runtime's live record between periods (read only, never kept)."""
+
+    @property
+    def action_id(self) -> str: ...
+    @property
+    def gate_id(self) -> str: ...
+    @property
+    def prediction(self) -> Prediction: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def launched(self) -> bool: ...
+    @property
+    def pending(self) -> bool: ...
+    @property
+    def usage_bytes(self) -> int: ...
+    @property
+    def growth_peak_bytes(self) -> int: ...
+
+
+class ActionObs(NamedTuple):
+    """One admitted action as the runtime observed it this period (a tuple: the runtime
+    makes one per action per period)."""
 
     action_id: str
     agent_id: str
@@ -110,7 +133,7 @@ def known_budget_bytes(budget_bytes: int | None, usage_bytes: int, config: Polic
     return usage_bytes + 2 * config.safety_margin_bytes + (1 << 40)
 
 
-def predicted_growth_bytes(actions: Iterable[ActionObs]) -> int:
+def predicted_growth_bytes(actions: Iterable[ActionView]) -> int:
     """Predicted remaining growth of admitted actions: peak (the charge, once past it) less
     what each sandbox holds. Actions held before their start are left out: they cannot
     grow until the gate lets them start, and it checks their demand when it does (counting
@@ -118,7 +141,7 @@ def predicted_growth_bytes(actions: Iterable[ActionObs]) -> int:
     return sum(max(a.growth_peak_bytes - a.usage_bytes, 0) for a in actions if not a.pending)
 
 
-def pressure_of(budget_bytes: int, usage_bytes: int, actions: Iterable[ActionObs],
+def pressure_of(budget_bytes: int, usage_bytes: int, actions: Iterable[ActionView],
                 config: PolicyConfig) -> PressureState:
     return classify_pressure(budget_bytes, usage_bytes, predicted_growth_bytes(actions), config)
 
@@ -272,7 +295,7 @@ class ExecutionPolicy:
 
     # -- demands ------------------------------------------------------------------------
 
-    def growth_cap(self, action: ActionObs) -> int:
+    def growth_cap(self, action: ActionView) -> int:
         """What the action's prediction (with slack) says it may still grow.
 
         A heavy start launched on bootstrap room (`_launch_demand`) is held to its prediction
@@ -291,7 +314,7 @@ class ExecutionPolicy:
         line = yellow_line_bytes(self._budget_bytes, self._config)
         return max(int(pressure.headroom_bytes - line), 0)
 
-    def starving_demand_bytes(self, actions: Iterable[ActionObs], now: float) -> int:
+    def starving_demand_bytes(self, actions: Iterable[ActionView], now: float) -> int:
         """The gate demand of sandboxes it has denied for at least `overdue_after_s`.
 
         Admission keeps this much of H back. Otherwise a held grower that needs more than
@@ -314,16 +337,16 @@ class ExecutionPolicy:
             total += gate_demand_bytes(estimate, self.growth_cap(action), self._config)
         return total
 
-    def start_demand_bytes(self, action: ActionObs) -> int:
+    def start_demand_bytes(self, action: ActionView) -> int:
         """What a not yet started action is expected to grow: its prediction (with slack)."""
         return gate_demand_bytes(GrowthEstimate(action.gate_id, None, None, False),
                                  self.growth_cap(action), self._config)
 
-    def launch_demand_bytes(self, action: ActionObs) -> int:
+    def launch_demand_bytes(self, action: ActionView) -> int:
         """The room a held start needs to launch (`_launch_demand`)."""
         return self._launch_demand(action, self.start_demand_bytes(action))
 
-    def _launch_demand(self, action: ActionObs, demand: int) -> int:
+    def _launch_demand(self, action: ActionView, demand: int) -> int:
         """The room a start needs to launch: its demand, or for a start predicted heavy the
         bootstrap demand (heavy predictions are often false: see
         `AdmissionController.heavy_physical_bytes`). The gate then meters its measured
@@ -334,7 +357,7 @@ class ExecutionPolicy:
             return min(demand, self._config.bootstrap_demand_bytes)
         return demand
 
-    def _starts_metered(self, action: ActionObs) -> bool:
+    def _starts_metered(self, action: ActionView) -> bool:
         return is_heavy(action.prediction, self._config)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tenon.policy.config import PolicyConfig
 from tenon.policy.pressure import Pressure, PressureState, yellow_line_bytes
@@ -21,9 +22,9 @@ from tenon.policy.residency import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class AgentObs:
-    """One agent as the runtime observed it (its sandbox's phase and its activity)."""
+class AgentObs(NamedTuple):
+    """One agent as the runtime observed it (its sandbox's phase and its activity; a tuple:
+    the runtime makes one per agent per period)."""
 
     agent_id: str
     restartable: bool

@@ -25,7 +25,7 @@ from tenon.policy.admission import (
 from tenon.policy.baselines import PolicySpec
 from tenon.policy.config import PolicyConfig
 from tenon.policy.control import ControlPolicy, ControlSnapshot, Plan
-from tenon.policy.execution import TickSnapshot, pressure_of
+from tenon.policy.execution import TickSnapshot
 from tenon.policy.pressure import PressureState
 from tenon.policy.reclaim import TeardownOrder, reclaim_candidates
 from tenon.policy.residency import (
@@ -157,17 +157,14 @@ class Boundary:
             return
         # The physical gate after the logical window: H now. Growth still to come is the
         # window's business (charges rise toward peaks) and the execution gate's.
-        snap = self.snapshot_now()
-        pressure = pressure_of(snap.tick.budget_bytes, snap.tick.usage_bytes,
-                               snap.tick.actions, rt.config)
+        now = rt.clock.now()
+        pressure = rt.execution.pressure(rt.actions.values(), rt.domain.reading())
         starving = 0
         if rt.spec.use_gate:
-            starving = rt.execution.policy.starving_demand_bytes(snap.tick.actions,
-                                                                  snap.tick.now)
-        stuck = not rt.actions and rt.lifecycle.in_flight == 0 and not (
-            rt.spec.use_residency and reclaim_candidates(snap.agents, snap.queued))
+            starving = rt.execution.starving_demand_bytes(rt.actions.values(), now)
         headroom = admission_headroom_bytes(pressure.headroom_bytes, starving,
-                                            rt.domain.budget_bytes, nothing_can_free=stuck)
+                                            rt.domain.budget_bytes,
+                                            nothing_can_free=self._nothing_can_free())
         for decision in rt.admission.decide(rt.clock.now(), headroom):
             action, future = self._waiting.pop(decision.action_id)
             if future.cancelled():
@@ -218,6 +215,16 @@ class Boundary:
             state = rt.agents[agent_id]
             if rt.lifecycle.try_acquire():
                 state.lifecycle = asyncio.ensure_future(self._predictive(state))
+
+    def _nothing_can_free(self) -> bool:
+        """Nothing runs, nothing is being torn down and nothing idle can be."""
+        rt = self._rt
+        if rt.actions or rt.lifecycle.in_flight:
+            return False
+        if not rt.spec.use_residency:
+            return True
+        agents = tuple(s.observed() for s in rt.agents.values())
+        return not reclaim_candidates(agents, frozenset(self._queued()))
 
     def _queued(self) -> set[str]:
         """Agents whose next action waits for admission."""
@@ -290,17 +297,16 @@ class Boundary:
         self.tally.add(eligibility.restartable)
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
                           state.predicted_wait_s or 0.0, state.rank)
-        plan = rt.control.after_action(self.snapshot_now(), box)
+        tick = rt.execution.snapshot(rt.clock.now(), rt.actions.values(), rt.domain.reading())
+        plan = rt.control.after_action(tick, rt.lifecycle.slots, box)
         decision = plan.residency
         rt.events.emit("residency", agent_id=state.agent_id, decision=decision.action.value,
                        reason=decision.reason, restartable=eligibility.restartable,
                        eligibility=eligibility.reason, pressure=plan.pressure.level.name.lower(),
                        restartable_share=round(self.tally.share or 0.0, 4))
         self._start_teardowns(plan.teardowns)
-
-    def reclaim(self, pressure: PressureState) -> None:
-        """Under pressure at a boundary: the policy's teardowns (`ControlPolicy.reclaim`)."""
-        self._start_teardowns(self._rt.control.reclaim(self.snapshot_now(), pressure))
+        if plan.reclaim:
+            self._start_teardowns(rt.control.reclaim(self.control_snapshot(tick), plan.pressure))
 
     def _start_teardowns(self, orders: tuple[TeardownOrder, ...]) -> None:
         for order in orders:

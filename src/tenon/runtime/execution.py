@@ -85,6 +85,10 @@ class RunningAction:
         """Ready in a live sandbox, held before its exec began (it holds no memory yet)."""
         return self.started and not self.launched
 
+    @property
+    def usage_bytes(self) -> int:
+        return self.last_usage_bytes
+
     def observed(self) -> ActionObs:
         """What the policy sees of it (frozen)."""
         return ActionObs(
@@ -141,14 +145,13 @@ class ExecutionLoop:
 
     def pressure(self, actions: Iterable[RunningAction], reading: MemoryReading) -> PressureState:
         budget = known_budget_bytes(self._domain.budget_bytes, reading.usage_bytes, self._config)
-        return pressure_of(budget, reading.usage_bytes, (a.observed() for a in actions),
-                           self._config)
+        return pressure_of(budget, reading.usage_bytes, actions, self._config)
 
     def starving_demand_bytes(self, actions: Iterable[RunningAction], now: float) -> int:
-        return self.policy.starving_demand_bytes((a.observed() for a in actions), now)
+        return self.policy.starving_demand_bytes(actions, now)
 
     def launch_demand_bytes(self, action: RunningAction) -> int:
-        return self.policy.launch_demand_bytes(action.observed())
+        return self.policy.launch_demand_bytes(action)
 
     def start_action(self, action: RunningAction) -> bool:
         """True when the action may launch at once (`ExecutionPolicy.start`); otherwise it
