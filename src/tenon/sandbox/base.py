@@ -275,6 +275,12 @@ class SandboxBackend(Protocol):
         runtime's to remove (`WorkloadDomain.remove_children`)."""
         ...
 
+    def image_root(self, image: str) -> Path | None:
+        """The host directory holding `image`'s root filesystem when the host can read it
+        directly (the service serves files outside the persistent mounts from it); None
+        otherwise."""
+        ...
+
     def release_domain(self) -> None:
         """After the workload domain is removed: remove what the backend made for it
         outside the domain itself. Idempotent."""

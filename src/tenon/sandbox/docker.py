@@ -276,6 +276,10 @@ class DockerBackend:
         hierarchies the domain does not own (`remove_parent_cgroups`)."""
         remove_parent_cgroups(self.domain.name)
 
+    def image_root(self, image: str) -> Path | None:
+        """None: an image's files are in the Docker Engine's storage, not read directly."""
+        return None
+
     def check(self, image: str = "tenon-base:bookworm") -> list[str]:
         try:
             client = self.client

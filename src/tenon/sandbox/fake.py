@@ -24,6 +24,7 @@ import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from tenon.errors import SandboxDied, SandboxError, SandboxFrozen
 from tenon.host.types import GateResult, MemoryReading
@@ -344,6 +345,9 @@ class FakeBackend:
 
     def release_domain(self) -> None:
         pass
+
+    def image_root(self, image: str) -> Path | None:
+        return None
 
     def check(self) -> list[str]:
         return list(self.problems)

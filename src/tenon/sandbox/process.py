@@ -151,6 +151,13 @@ class ProcessBackend:
     def release_domain(self) -> None:
         """Nothing: every sandbox lives inside the domain."""
 
+    def image_root(self, image: str) -> Path | None:
+        """The image's unpacked root filesystem under the state directory, if built."""
+        try:
+            return image_rootfs(image, self.state_dir)
+        except Exception:  # noqa: BLE001 - no rootfs: paths outside the mounts read as absent
+            return None
+
     def check(self) -> list[str]:
         problems = []
         packages = {"bwrap": "bubblewrap", "nsenter": "util-linux", "setpriv": "util-linux",

@@ -30,6 +30,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tenon.clock import Clock
 from tenon.errors import ConfigError, SandboxDied, SandboxError, SandboxFrozen
@@ -352,6 +353,9 @@ class SimBackend:
 
     def release_domain(self) -> None:
         pass
+
+    def image_root(self, image: str) -> Path | None:
+        return None
 
     def check(self) -> list[str]:
         return []

@@ -37,7 +37,7 @@ from tenon.replay.driver import WorkflowRecord
 from tenon.replay.loop_lag import percentile, rounded_ms
 from tenon.replay.schedule import Submission, own_length_s
 from tenon.runtime.controller import Runtime
-from tenon.service.server import image_root_for, serving
+from tenon.service.server import serving
 
 STDERR_TAIL_BYTES = 2000  # of a client process that failed, in the error
 
@@ -134,7 +134,7 @@ async def front_door(runtime: Runtime, image: str, image_dir: Path
     with tempfile.TemporaryDirectory(prefix="tenon-via-e2b-") as store:
         async with serving(runtime, Path(store), api_keys=[key], host="127.0.0.1", port=0,
                            image=image,
-                           image_root=image_root_for(runtime.backend.name, image_dir)
+                           image_root=runtime.backend.image_root
                            ) as url:
             yield url, key
 

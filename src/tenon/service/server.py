@@ -85,22 +85,6 @@ def load_api_keys(*, keys_file: Path | None, state_dir: Path) -> tuple[list[str]
     return [path.read_text().strip()], str(path)
 
 
-def image_root_for(backend: str, state_dir: Path) -> Any:
-    """Where an image's files are on the host (the process backend's rootfs); None for
-    backends whose image the host cannot read directly."""
-    if backend != "process":
-        return None
-    from tenon.sandbox.image import image_rootfs
-
-    def root(image: str) -> Path | None:
-        try:
-            return image_rootfs(image, state_dir)
-        except Exception:  # noqa: BLE001 - no rootfs: paths outside the mounts read as absent
-            return None
-
-    return root
-
-
 async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> None:
     """Run the server until SIGINT or SIGTERM."""
     config = PolicyConfig.model_validate(settings.policy_config)
@@ -117,7 +101,7 @@ async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> Non
             loop.add_signal_handler(signum, stop.set)
         async with serving(runtime, settings.state_dir, api_keys=settings.api_keys,
                            host=settings.host, port=settings.port, image=settings.image,
-                           image_root=image_root_for(settings.backend, images),
+                           image_root=runtime.backend.image_root,
                            max_write_bytes=settings.max_write_bytes) as url:
             for line in announce:
                 print(line, flush=True)
