@@ -197,22 +197,15 @@ def _destroy_sandboxes(state_dir: Path, agent_id: str, backend: str) -> list[str
     """Every sandbox of the agent still on the host: its containers, then its cgroups."""
     from tenon.host.domain import WorkloadDomain
     from tenon.host.layout import detect_layout
+    from tenon.sandbox.registry import make_backend
 
     try:
         name = (state_dir / DOMAIN_FILE).read_text().strip()
     except FileNotFoundError:
         return []
     prefix = f"{agent_id}-g"  # sandbox ids are <agent>-g<generation>-<suffix>
-    removed: list[str] = []
-    if backend == "docker":
-        from tenon.sandbox.docker import DOMAIN_LABEL, SANDBOX_LABEL, connect
-
-        for container in connect().containers.list(
-                all=True, filters={"label": f"{DOMAIN_LABEL}={name}"}):
-            if str(container.labels.get(SANDBOX_LABEL, "")).startswith(prefix):
-                container.remove(force=True)
-                removed.append(f"container {container.name}")
     domain = WorkloadDomain(name, detect_layout(), None)  # adopted, never created here
+    removed = make_backend(backend, domain, state_dir).remove_leftovers(prefix)
     for sandbox_id in domain.sandbox_ids():
         if sandbox_id.startswith(prefix):
             domain.sandbox(sandbox_id).remove()

@@ -268,10 +268,11 @@ class SandboxBackend(Protocol):
         """Start a sandbox; return only when an exec would succeed."""
         ...
 
-    def remove_leftovers(self) -> list[str]:
-        """Remove what sandboxes of this backend's domain hold outside the domain's cgroups
-        (a dead controller's containers), before any sandbox of this controller exists;
-        what was removed, each named in one string. The domain's cgroups are the
+    def remove_leftovers(self, sandbox_prefix: str = "") -> list[str]:
+        """Remove what sandboxes of this backend's domain (those whose id starts with
+        `sandbox_prefix`) hold outside the domain's cgroups (a dead controller's
+        containers), when none of them is a live controller's; what was removed, each named
+        in one string. The domain's cgroups are the
         runtime's to remove (`WorkloadDomain.remove_children`)."""
         ...
 

@@ -266,10 +266,11 @@ class DockerBackend:
         return BackendCapacity(max_admitted_actions=max_actions,
                                max_live_workflows=2 * max_actions)
 
-    def remove_leftovers(self) -> list[str]:
-        """Remove every container labelled with this domain (a dead controller's)."""
-        return [f"container:{cid[:12]}"
-                for cid in remove_domain_containers(self.client, self.domain.name)]
+    def remove_leftovers(self, sandbox_prefix: str = "") -> list[str]:
+        """Remove every container labelled with this domain (a dead controller's) whose
+        sandbox id starts with `sandbox_prefix`."""
+        return [f"container:{cid[:12]}" for cid in remove_domain_containers(
+            self.client, self.domain.name, sandbox_prefix=sandbox_prefix)]
 
     def release_domain(self) -> None:
         """Remove the `<hierarchy>/<domain>` directories Docker's cgroupfs driver made in
@@ -749,12 +750,15 @@ def remove_parent_cgroups(domain_name: str, cgroup_root: Path = CGROUP_ROOT) -> 
     remove_empty_domain_dirs(domain_name, cgroup_root)
 
 
-def remove_domain_containers(client: docker.DockerClient, domain_name: str) -> list[str]:
-    """Remove every container labelled with `domain_name` (after a controller crash); the
-    ids of those removed."""
+def remove_domain_containers(client: docker.DockerClient, domain_name: str, *,
+                             sandbox_prefix: str = "") -> list[str]:
+    """Remove every container labelled with `domain_name` (after a controller crash) whose
+    sandbox id starts with `sandbox_prefix`; the ids of those removed."""
     removed = []
     label = f"{DOMAIN_LABEL}={domain_name}"
     for container in client.containers.list(all=True, filters={"label": label}):
+        if not str(container.labels.get(SANDBOX_LABEL, "")).startswith(sandbox_prefix):
+            continue
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
             removed.append(str(container.id))

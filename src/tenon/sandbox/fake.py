@@ -340,7 +340,7 @@ class FakeBackend:
     def capacity(self) -> BackendCapacity:
         return BackendCapacity()
 
-    def remove_leftovers(self) -> list[str]:
+    def remove_leftovers(self, sandbox_prefix: str = "") -> list[str]:
         return []
 
     def release_domain(self) -> None:

@@ -144,7 +144,7 @@ class ProcessBackend:
         serves it."""
         return BackendCapacity()
 
-    def remove_leftovers(self) -> list[str]:
+    def remove_leftovers(self, sandbox_prefix: str = "") -> list[str]:
         """Nothing: a sandbox is its cgroup's processes, which the domain's removal kills."""
         return []
 

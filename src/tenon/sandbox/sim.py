@@ -348,7 +348,7 @@ class SimBackend:
         """No limit beyond memory: simulated actions cost no CPU of the host."""
         return BackendCapacity()
 
-    def remove_leftovers(self) -> list[str]:
+    def remove_leftovers(self, sandbox_prefix: str = "") -> list[str]:
         return []
 
     def release_domain(self) -> None:
