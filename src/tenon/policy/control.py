@@ -105,6 +105,9 @@ class ControlPolicy:
         return reclaimable_bytes(agents, queued)
 
     def step(self, snap: ControlSnapshot) -> Plan:
+        """The period's plan, in order: the gate (verdicts, held starts let go), charges past
+        their peaks (admission's window shrinks now), reclaim as the domain stands after
+        this period's launches, then predictive rebuilds on the lifecycle slots left."""
         reclaimable = self.reclaimable_bytes(snap.agents, snap.queued)
         tick = self.execution.step(replace(snap.tick, reclaimable_bytes=reclaimable))
         releases = self._release_passed_peaks(snap.tick.actions)
