@@ -98,23 +98,29 @@ async def test_start_removes_leftovers_and_restores_committed_agents(tmp_path: P
 @pytest.mark.slow
 def test_leftover_containers_of_the_domain_are_removed(tmp_path: Path) -> None:
     _need_root()
-    from tenon.sandbox.docker import DOMAIN_LABEL, SANDBOX_LABEL, connect
+    from tenon.sandbox.docker import DOMAIN_LABEL, SANDBOX_LABEL, DockerBackend, connect
 
     name = f"tenon-rt-{uuid.uuid4().hex[:8]}"
     client = connect()
     mine = client.containers.create(IMAGE, ["sleep", "600"], labels={
         DOMAIN_LABEL: name, SANDBOX_LABEL: "ghost-g1-0badf00d"})
+    peer = client.containers.create(IMAGE, ["sleep", "600"], labels={
+        DOMAIN_LABEL: name, SANDBOX_LABEL: "peer-g2-0badf00d"})
     other = client.containers.create(IMAGE, ["sleep", "600"], labels={
         DOMAIN_LABEL: f"{name}-other", SANDBOX_LABEL: "ghost-g1-0badf00d"})
     domain = WorkloadDomain.open(name, budget_bytes=None)
+    backend = DockerBackend(domain, client)
     try:
-        removed = leftover_remover(domain, "docker")
-        assert removed == ["container:0"]
+        # one agent's sandboxes only (`tenon agents rm`): its peer's container stays
+        assert backend.remove_leftovers("ghost-g") == [f"container:{mine.id[:12]}"]
+        peer.reload()
+        # a restart: every container of the domain goes
+        assert leftover_remover(domain, backend) == [f"container:{peer.id[:12]}"]
         left = client.containers.list(all=True, filters={"label": f"{DOMAIN_LABEL}={name}"})
         assert left == []
         other.reload()  # another domain's container is not this controller's to remove
     finally:
-        for container in (mine, other):
+        for container in (mine, peer, other):
             with contextlib.suppress(Exception):  # `mine` is expected to be gone already
                 container.remove(force=True)
         domain.remove()
