@@ -227,9 +227,9 @@ class SandboxCgroup:
         """Deny execution: the cgroup's processes stop (idempotent).
 
         The hold counts from the request, also when the transition has not settled within
-        `timeout_s` (HostError; the kernel finishes it): counting only settled freezes left
-        a Docker exec whose freeze was slow (runc mid-setup) charged for all its held time,
-        and it timed out while frozen (10 timeouts in one 8x Docker replay).
+        `timeout_s` (HostError; the kernel finishes it): counting only settled freezes would
+        charge an exec whose freeze is slow (runc mid-setup) for all its held time against
+        its timeout, and it could time out while frozen.
         """
         if self._held_since is None:
             self._held_since = time.monotonic()
