@@ -14,15 +14,22 @@ from tenon.cli.main import app
 from tenon.errors import ConfigError, TraceError
 from tenon.replay.bench import BenchConfig, run_bench
 from tenon.replay.delays import PARTS, workflow_delays
-from tenon.replay.report import draw
-from tenon.replay.schedule import make_schedule, makespan_bound_s, oversubscription
+from tenon.replay.report import draw, table_markdown
+from tenon.replay.schedule import (
+    copies_of,
+    make_schedule,
+    makespan_bound_s,
+    memory_bound_s,
+    oversubscription,
+)
 from tenon.replay.trace import Action, Memory, Step, Trace, Workflow, make_header, write_trace
 from tenon.runtime.events import read_events
 
 MIB = 1 << 20
 GIB = 1 << 30
 POLICY_KEYS = {"makespan_s", "p50_latency_s", "peak_memory_bytes", "oom_events", "timeouts",
-               "attempts", "failed_attempts", "completed", "restartable_share"}
+               "attempts", "failed_attempts", "completed", "restartable_share", "vs_bound",
+               "safe"}
 
 
 def make_workflow(wid: str, *, peak_mib: int = 300, steps: int = 3, submit_s: float = 0.0,
@@ -111,7 +118,8 @@ def test_bench_runs_every_policy_with_retries_and_writes_the_exact_keys(tmp_path
     assert summary["makespan_bound_s"] == pytest.approx(2.75 + 3 * 3.0)
     assert all(p["makespan_s"] >= summary["makespan_bound_s"]
                for p in summary["policies"].values())
-    assert f"no policy can finish before {summary['makespan_bound_s']:.1f} s" in table
+    assert f"No policy can finish before {summary['bound_s']:.1f} s" in table
+    assert f"longest workflow {summary['makespan_bound_s']:.1f} s" in table
 
 
 def test_budget_smaller_than_the_largest_action_is_refused_by_name(tmp_path: Path) -> None:
@@ -245,3 +253,77 @@ def test_bench_runs_tenon_with_each_predictor(tmp_path: Path, predictor: str) ->
                 (tmp_path / "run" / "tenon" / "events.jsonl").read_text().splitlines()
                 if '"runtime_start"' in line]
     assert start["predictor"] == predictor
+
+
+def test_the_memory_bound_is_the_trace_area_over_the_budget() -> None:
+    """One workflow of three 2 s actions averaging 200 MiB, 16 MiB left resident through
+    each 1 s model wait that follows: 1,200 MiB-s of actions (plus 32 MiB-s idle)."""
+    burst = make_schedule([make_workflow("a")], qps=None, speed=1.0)
+    assert memory_bound_s(burst, 1.0, GIB) == pytest.approx(1200 / 1024)
+    assert memory_bound_s(burst, 1.0, GIB, idle_resident=True) == pytest.approx(1232 / 1024)
+    assert memory_bound_s(burst, 4.0, GIB) == pytest.approx(1200 / 1024 / 4)
+
+
+def test_a_synchronized_burst_submits_copies_of_one_workflow_together(tmp_path: Path) -> None:
+    workflows = [make_workflow("a"), make_workflow("b", steps=5)]
+    burst = copies_of(workflows, "b", 3)
+    assert [(s.instance, s.submit_s, s.workflow.id) for s in burst] == [
+        ("b#0", 0.0, "b"), ("b#1", 0.0, "b"), ("b#2", 0.0, "b")]
+    with pytest.raises(ConfigError, match="no workflow 'c'"):
+        copies_of(workflows, "c", 3)
+    trace = write(tmp_path, workflows)
+    with pytest.raises(ConfigError, match="--copies and --of go together"):
+        asyncio.run(run_bench(config(tmp_path, trace, copies=3)))
+
+
+def test_every_policy_is_judged_against_the_bound_and_the_best_safe_baseline(
+    tmp_path: Path,
+) -> None:
+    """Eight copies of a 300 MiB workflow in 1 GiB: the floor is the unconstrained run; a
+    safe run completes everything with no OOM kill; the best safe baseline is the fastest
+    safe static limit or reservation, never Tenon or eager."""
+    trace = write(tmp_path, [make_workflow("w", peak_mib=300)])
+    summary = asyncio.run(run_bench(config(
+        tmp_path, trace, qps=None, copies=8, of="w",
+        policies=["tenon", "eager", "static-1", "static-3", "reservation", "unconstrained"])))
+    runs = summary["policies"]
+    assert summary["workflows"] == 8
+    assert runs["unconstrained"]["oom_events"] == 0
+    assert runs["unconstrained"]["peak_memory_bytes"] > GIB  # no limit: all eight at once
+    assert summary["floor_makespan_s"] == runs["unconstrained"]["makespan_s"]
+    assert summary["bound_s"] == pytest.approx(max(
+        summary["floor_makespan_s"], summary["memory_bound_s"], summary["makespan_bound_s"]),
+        abs=1e-3)
+    for name, figures in runs.items():
+        assert figures["vs_bound"] == pytest.approx(figures["makespan_s"] / summary["bound_s"],
+                                                    abs=1e-3)
+        if name != "unconstrained":  # the floor alone is not held to the budget
+            assert figures["vs_bound"] >= 1.0 - 1e-3
+        assert figures["safe"] == (figures["completed"] == 8 and figures["oom_events"] == 0)
+    assert runs["eager"]["safe"] is False  # eight 300 MiB peaks at once in 1 GiB
+    safe_baselines = {name: runs[name]["makespan_s"] for name in
+                      ("static-1", "static-3", "reservation") if runs[name]["safe"]}
+    assert safe_baselines
+    best = summary["best_safe_baseline"]
+    assert best in safe_baselines
+    assert safe_baselines[best] == min(safe_baselines.values())
+    table = table_markdown(summary)
+    assert f"floor (unconstrained) {summary['floor_makespan_s']:.1f} s" in table
+    assert f"no OOM kill): {summary['best_safe_baseline']}." in table
+
+
+def test_cli_copies_of_one_workflow_and_refuses_half_of_it(tmp_path: Path) -> None:
+    trace = write(tmp_path, [make_workflow("a"), make_workflow("b")])
+    result = CliRunner().invoke(app, [
+        "bench", "--trace", str(trace), "--budget", "1GiB", "--backend", "sim",
+        "--policies", "tenon,unconstrained", "--copies", "4", "--of", "b",
+        "--out", str(tmp_path / "burst"), "--json", str(tmp_path / "burst.json")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "burst.json").read_text())
+    assert data["workflows"] == 4
+    assert (data["meta"]["copies"], data["meta"]["of"]) == (4, "b")
+    assert data["floor_makespan_s"] == data["policies"]["unconstrained"]["makespan_s"]
+    half = CliRunner().invoke(app, ["bench", "--trace", str(trace), "--backend", "sim",
+                                    "--copies", "4", "--out", str(tmp_path / "half")])
+    assert half.exit_code != 0
+    assert "--copies and --of go together" in half.output

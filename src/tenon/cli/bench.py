@@ -30,10 +30,10 @@ from tenon.cli.errors import (
 from tenon.errors import ConfigError
 from tenon.policy.baselines import parse_policy
 from tenon.policy.config import PolicyConfig
-from tenon.replay.bench import BenchConfig, check_budget, run_bench
+from tenon.replay.bench import BenchConfig, check_budget, run_bench, schedule_of
 from tenon.replay.driver import WorkflowRecord
 from tenon.replay.report import draw, table_markdown
-from tenon.replay.schedule import make_schedule, makespan_bound_s
+from tenon.replay.schedule import makespan_bound_s
 from tenon.replay.trace import MAX_SUBMIT_S, load_trace
 from tenon.units import parse_size
 
@@ -48,6 +48,7 @@ BENCH_FLAGS = {
     "trace": "--trace", "budget_bytes": "--budget", "policies": "--policies",
     "backend": "--backend", "speed": "--speed", "qps": "--qps", "window_s": "--window",
     "num_workflows": "--workflows", "max_retries": "--retries", "predictor": "--predictor",
+    "copies": "--copies", "of": "--of",
     "policy_config": "--set", "out_dir": "--out", "state_dir": "--state-dir",
 }
 
@@ -177,8 +178,7 @@ def preflight(configs: list[tuple[Any, BenchConfig]]) -> None:
                 flag = "--workflows" if config.num_workflows else "--qps x --window"
                 raise ConfigError(f"{flag}: {count} workflows exceed the limit of "
                                   f"{MAX_SUBMISSIONS}")
-        submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
-                                    speed=config.speed, num_workflows=config.num_workflows)
+        submissions = schedule_of(config, trace)
         ideal_s = makespan_bound_s(submissions, config.speed)
         if ideal_s > MAX_SUBMIT_S:
             raise ConfigError(f"at --speed {config.speed:g} the replay needs at least "

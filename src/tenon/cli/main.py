@@ -115,7 +115,8 @@ def bench_replay_cmd(
     ctx: typer.Context,
     trace: Annotated[Path | None, typer.Option(help="Trace to replay (tenon-trace JSONL).")] = None,
     budget: Annotated[str, typer.Option(help="Memory budget of the workload domain.")] = "3GiB",
-    policies: Annotated[str, typer.Option(help="Comma-separated policies, run in turn.")] = (
+    policies: Annotated[str, typer.Option(help="Comma-separated policies, run in turn "
+                        "(unconstrained: eager with no memory limit, the floor).")] = (
         "tenon,eager,static-4,reservation,agentcgroup"),
     backend: Annotated[str, typer.Option(help="process, docker or sim")] = "process",
     speed: Annotated[float, typer.Option(help="Divide model waits and durations by K.")] = 1.0,
@@ -123,6 +124,10 @@ def bench_replay_cmd(
                                                   "default: trace times.")] = None,
     window: Annotated[str, typer.Option(help="Burst length at --qps.")] = "10s",
     workflows: Annotated[int | None, typer.Option(help="Number of workflows to submit.")] = None,
+    copies: Annotated[int | None, typer.Option(help="A synchronized burst: K copies of the "
+                      "workflow --of, submitted together.")] = None,
+    of: Annotated[str | None, typer.Option(help="The workflow --copies repeats (its id in "
+                  "the trace).")] = None,
     retries: Annotated[int, typer.Option(help="Re-runs of a failed attempt.")] = 5,
     setting: Annotated[list[str] | None, typer.Option(
         "--set", help="Policy parameter key=value (repeatable).")] = None,
@@ -159,6 +164,7 @@ def bench_replay_cmd(
             "policies": [p.strip() for p in policies.split(",") if p.strip()],
             "backend": backend, "speed": speed,
             "window_s": parse_seconds(window, what="--window"), "num_workflows": workflows,
+            "copies": copies, "of": of,
             "max_retries": retries, "policy_config": parse_settings(setting or []),
             "predictor": predictor,
             "state_dir": state_dir, "out_dir": out_dir, "via": via,

@@ -34,6 +34,9 @@ class PolicySpec:
     use_gate: bool = False
     use_residency: bool = False
     static_predictor: bool = False
+    unlimited_memory: bool = False
+    """The domain gets no memory limit: the same work with memory unconstrained (the floor
+    every other policy is judged against)."""
 
 
 _FIXED: dict[str, PolicySpec] = {
@@ -49,6 +52,7 @@ _FIXED: dict[str, PolicySpec] = {
         "tenon-static-predictor", PolicyKind.TENON, None, True, True, True, True
     ),
     "eager": PolicySpec("eager", PolicyKind.EAGER),
+    "unconstrained": PolicySpec("unconstrained", PolicyKind.EAGER, unlimited_memory=True),
     "reservation": PolicySpec("reservation", PolicyKind.RESERVATION),
     "agentcgroup": PolicySpec("agentcgroup", PolicyKind.AGENTCGROUP),
 }

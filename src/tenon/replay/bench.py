@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
-from tenon.policy.baselines import parse_policy
+from tenon.policy.baselines import PolicyKind, parse_policy
 from tenon.policy.config import PolicyConfig
 from tenon.predict.base import Predictor
 from tenon.predict.online import OnlinePredictor
@@ -42,8 +42,10 @@ from tenon.replay.loop_lag import LoopLag
 from tenon.replay.predictors import crossfit_trace_predictor, oracle_predictor, recorded_actions
 from tenon.replay.schedule import (
     Submission,
+    copies_of,
     make_schedule,
     makespan_bound_s,
+    memory_bound_s,
     oversubscription,
 )
 from tenon.replay.trace import Trace, load_trace
@@ -105,6 +107,9 @@ class BenchConfig(BaseModel):
     qps: float | None = Field(default=None, gt=0, description="Burst rate; None: trace times.")
     window_s: float = Field(default=10.0, gt=0, description="Burst length at `qps`.")
     num_workflows: int | None = Field(default=None, gt=0, description="Override the count.")
+    copies: int | None = Field(default=None, gt=0, description="A synchronized burst: this "
+                               "many copies of the workflow `of`, submitted together.")
+    of: str | None = Field(default=None, description="The workflow `copies` repeats.")
     max_retries: int = Field(default=5, ge=0, description="Re-runs of a failed attempt.")
     predictor: Literal["online", "static", "history", "forest", "online-forest",
                        "oracle"] = Field(
@@ -133,6 +138,44 @@ def check_via(via: str, backend: str) -> None:
     if via != "inproc" and backend == "sim":
         raise ConfigError(f"--via {via}: the simulator is not offered through the E2B API; "
                           "use --backend process or docker")
+
+
+# The policies a careful operator would configure instead of Tenon: a static limit on
+# concurrent workflows, or reservation by profiled peak.
+BASELINE_KINDS = (PolicyKind.STATIC, PolicyKind.RESERVATION)
+
+
+def schedule_of(config: BenchConfig, trace: Trace) -> list[Submission]:
+    """The submissions the config asks for: a synchronized burst of copies of one workflow,
+    a burst at `qps`, or the trace's own times."""
+    if (config.copies is None) != (config.of is None):
+        raise ConfigError("--copies and --of go together: K copies of workflow WF")
+    if config.copies is not None and config.of is not None:
+        return copies_of(trace.workflows, config.of, config.copies)
+    return make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
+                         speed=config.speed, num_workflows=config.num_workflows)
+
+
+def yardsticks(summary: dict[str, Any]) -> None:
+    """Judge every policy run so far against the bound and mark the best safe baseline.
+
+    The bound is the largest of the floor (the `unconstrained` run, when there is one), the
+    memory bound and the longest workflow's own length: no policy can beat it. A run is
+    safe when it completed every workflow with no OOM kill; the best safe baseline is the
+    fastest safe run of the policies an operator would configure instead (static-N,
+    reservation)."""
+    runs = summary["policies"]
+    floor = runs.get("unconstrained", {}).get("makespan_s")
+    summary["floor_makespan_s"] = floor
+    bound = max(summary["makespan_bound_s"], summary["memory_bound_s"], floor or 0.0)
+    summary["bound_s"] = round(bound, 3)
+    for figures in runs.values():
+        figures["vs_bound"] = round(figures["makespan_s"] / bound, 3) if bound > 0 else None
+        figures["safe"] = (figures["completed"] == summary["workflows"]
+                           and figures["oom_events"] == 0)
+    safe = [(figures["makespan_s"], name) for name, figures in runs.items()
+            if figures["safe"] and parse_policy(name.split("@")[0]).kind in BASELINE_KINDS]
+    summary["best_safe_baseline"] = min(safe)[1] if safe else None
 
 
 def check_budget(trace: Trace, budget_bytes: int) -> None:
@@ -188,8 +231,9 @@ async def run_policy(
     policy_config = PolicyConfig.model_validate(config.policy_config)
     kwargs: dict[str, Any] = {"policy": policy, "config": policy_config,
                               "predictor": predictor}
+    budget = None if parse_policy(policy).unlimited_memory else config.budget_bytes
     if config.backend == "sim":
-        return await _run_sim(config, run_dir, submissions, kwargs, on_done)
+        return await _run_sim(config, run_dir, submissions, kwargs, on_done, budget)
     from tenon.runtime.open import open_runtime
 
     # The load program keeps the memory an action leaves behind in SCRATCH_DIR: declared
@@ -197,7 +241,7 @@ async def run_policy(
     kwargs["backend_config"] = {"disposable": [SCRATCH_DIR]}
     api: dict[str, Any] = {}
     lag = LoopLag()
-    async with open_runtime(budget_bytes=config.budget_bytes, backend=config.backend,
+    async with open_runtime(budget_bytes=budget, backend=config.backend,
                             state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt, \
             lag.running():
         records, api = await drive(rt, submissions, speed=config.speed,
@@ -222,10 +266,10 @@ def runs_of(config: BenchConfig) -> list[tuple[str, str, bool]]:
 
 
 async def _run_sim(config: BenchConfig, run_dir: Path, submissions: list[Submission],
-                   kwargs: dict[str, Any],
-                   on_done: Callable[[WorkflowRecord], None] | None) -> dict[str, Any]:
+                   kwargs: dict[str, Any], on_done: Callable[[WorkflowRecord], None] | None,
+                   budget_bytes: int | None) -> dict[str, Any]:
     clock = FakeClock()
-    domain = SimDomain(config.budget_bytes)
+    domain = SimDomain(budget_bytes)
 
     async def main(state: Path) -> dict[str, Any]:
         rt = Runtime(domain=domain, backend=SimBackend(domain, clock), state_dir=state,
@@ -266,8 +310,7 @@ async def run_bench(
     PolicyConfig.model_validate(config.policy_config)
     trace = load_trace(config.trace)
     check_budget(trace, config.budget_bytes)
-    submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
-                                speed=config.speed, num_workflows=config.num_workflows)
+    submissions = schedule_of(config, trace)
     policy_config = PolicyConfig.model_validate(config.policy_config)
     static = profiled_static_predictor(trace, policy_config)
     heavy = policy_config.heavy_peak_bytes
@@ -290,11 +333,19 @@ async def run_bench(
         "oversubscription": round(oversubscription(submissions, config.budget_bytes), 3),
         "workflows": len(submissions),
         "makespan_bound_s": round(makespan_bound_s(submissions, config.speed), 3),
+        "memory_bound_s": round(memory_bound_s(submissions, config.speed,
+                                               config.budget_bytes), 3),
+        "memory_bound_resident_s": round(memory_bound_s(
+            submissions, config.speed, config.budget_bytes, idle_resident=True), 3),
+        "floor_makespan_s": None,
+        "bound_s": None,
+        "best_safe_baseline": None,
         "policies": {},
         "meta": {"trace": str(config.trace), "backend": config.backend, "speed": config.speed,
                  "qps": config.qps, "window_s": config.window_s,
                  "max_retries": config.max_retries, "policy_config": config.policy_config,
-                 "predictor": config.predictor, "via": config.via, "complete": False},
+                 "predictor": config.predictor, "via": config.via, "copies": config.copies,
+                 "of": config.of, "complete": False},
     }
     write_summary(config.out_dir, summary)
     for name, policy, via_e2b in runs_of(config):
@@ -310,6 +361,7 @@ async def run_bench(
             write_summary(config.out_dir, summary)
             raise
         summary["policies"][name] = result
+        yardsticks(summary)
         write_summary(config.out_dir, summary)
     summary["meta"]["complete"] = True
     write_summary(config.out_dir, summary)

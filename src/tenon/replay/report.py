@@ -38,25 +38,47 @@ def table_markdown(summary: dict[str, Any]) -> str:
     head = (f"{summary['workflows']} workflows, budget {format_bytes(summary['budget_bytes'])}, "
             f"oversubscription {summary['oversubscription']:.2f}x, backend "
             f"{meta.get('backend', '?')}, speed {meta.get('speed', '?')}x")
-    bound = summary.get("makespan_bound_s")  # optional: a summary may lack it
-    if bound is not None:
-        head += (f"; no policy can finish before {bound:.1f} s (the latest any workflow "
-                 "ends if it runs alone from its submission)")
-    lines = [head, "",
-             "| policy | completed | makespan (s) | p50 latency (s) | peak memory | OOM kills | "
-             "timeouts | attempts | failed attempts | restartable boundaries |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [head, *_bounds(summary), "",
+             "| policy | completed | makespan (s) | vs bound | safe | p50 latency (s) | "
+             "peak memory | OOM kills | timeouts | attempts | failed attempts | "
+             "restartable boundaries |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in summary["policies"].items():
         share = p.get("restartable_share")  # optional: a summary may lack it
+        vs_bound, safe = p.get("vs_bound"), p.get("safe")
         lines.append(
             f"| {name} | {p['completed']}/{summary['workflows']} | {p['makespan_s']:.1f} | "
+            f"{'-' if vs_bound is None else f'{vs_bound:.2f}x'} | "
+            f"{'-' if safe is None else ('yes' if safe else 'no')} | "
             f"{p['p50_latency_s']:.1f} | {format_bytes(p['peak_memory_bytes'])} | "
             f"{p['oom_events']} | {p['timeouts']} | {p['attempts']} | {p['failed_attempts']} | "
             f"{'-' if share is None else f'{share:.1%}'} |")
+    if "best_safe_baseline" in summary:
+        best = summary["best_safe_baseline"]
+        lines += ["", "Best safe baseline (static-N or reservation, every workflow completed, "
+                      f"no OOM kill): {best or 'none'}."]
     if meta.get("interrupted_during"):
         lines += ["", f"Interrupted while running {meta['interrupted_during']}; "
                       "the policies above finished."]
     return "\n".join(lines) + "\n"
+
+
+def _bounds(summary: dict[str, Any]) -> list[str]:
+    """The yardsticks' lines (each optional: a summary may lack them)."""
+    parts = []
+    if summary.get("makespan_bound_s") is not None:
+        parts.append(f"longest workflow {summary['makespan_bound_s']:.1f} s")
+    if summary.get("memory_bound_s") is not None:
+        parts.append(f"memory bound {summary['memory_bound_s']:.1f} s (idle sandboxes "
+                     f"resident: {summary.get('memory_bound_resident_s', 0.0):.1f} s)")
+    if summary.get("floor_makespan_s") is not None:
+        parts.append(f"floor (unconstrained) {summary['floor_makespan_s']:.1f} s")
+    if not parts:
+        return []
+    bound = summary.get("bound_s")
+    line = "No policy can finish before " + (f"{bound:.1f} s: " if bound else "") + \
+        "the largest of " + ", ".join(parts) + "."
+    return [line]
 
 
 def _series(events: list[dict[str, Any]]) -> tuple[list[float], list[float], list[int]]:

@@ -51,6 +51,35 @@ def make_schedule(
     return subs
 
 
+def copies_of(workflows: Sequence[Workflow], workflow_id: str, copies: int) -> list[Submission]:
+    """A synchronized burst: `copies` copies of one workflow, all submitted at once, so that
+    their peaks line up."""
+    if copies <= 0:
+        raise ConfigError(f"--copies must be positive, got {copies}")
+    chosen = [w for w in workflows if w.id == workflow_id]
+    if not chosen:
+        known = ", ".join(w.id for w in list(workflows)[:5])
+        raise ConfigError(f"--of: no workflow {workflow_id!r} in the trace (e.g. {known})")
+    return [Submission(f"{workflow_id}#{i}", chosen[0], 0.0) for i in range(copies)]
+
+
+def memory_bound_s(submissions: Sequence[Submission], speed: float, budget_bytes: int, *,
+                   idle_resident: bool = False) -> float:
+    """The makespan no schedule within `budget_bytes` can beat: the replay's memory-time
+    area over the budget. Each action holds its recorded average for its duration (at
+    `speed`); with `idle_resident`, each sandbox also holds what its action left resident
+    through the model wait that follows (as when idle sandboxes are never torn down)."""
+    area = 0.0
+    for sub in submissions:
+        steps = sub.workflow.steps
+        for i, step in enumerate(steps):
+            memory = step.action.memory
+            area += memory.avg_bytes * step.action.duration_s / speed
+            if idle_resident and i + 1 < len(steps):
+                area += memory.resident_after_bytes * steps[i + 1].model_wait_s / speed
+    return area / budget_bytes
+
+
 def oversubscription(submissions: Sequence[Submission], budget_bytes: int) -> float:
     """Sum of the submitted workflows' profiled peaks over the budget."""
     return sum(s.workflow.profiled_peak_bytes for s in submissions) / budget_bytes

@@ -31,7 +31,7 @@ def leftover_remover(domain: WorkloadDomain, backend: SandboxBackend) -> list[st
 @contextlib.asynccontextmanager
 async def open_runtime(
     *,
-    budget_bytes: int,
+    budget_bytes: int | None,
     backend: str = "process",
     state_dir: Path = DEFAULT_STATE_DIR,
     run_dir: Path | None = None,
@@ -39,7 +39,8 @@ async def open_runtime(
     keep_agents: bool = False,
     **runtime_kwargs: Any,
 ) -> AsyncIterator[Runtime]:
-    """A started, recovered `Runtime` over one state directory, `budget_bytes` its limit.
+    """A started, recovered `Runtime` over one state directory, `budget_bytes` its limit
+    (None: no limit).
 
     The runtime's state directory (`runtime.statedir` describes its layout) is `run_dir`
     when given (the bench gives each run its own), else `state_dir`; `state_dir` also holds
