@@ -250,9 +250,20 @@ def detach_loops(image: Path) -> int:
     listing = _run(["losetup", "--noheadings", "--output", "NAME", "--associated", str(image)],
                    f"listing loop devices of {image}")
     devices = [line.strip() for line in listing.splitlines() if line.strip()]
-    for device in devices:
+    return sum(detach(device) for device in devices)
+
+
+def detach(device: str) -> bool:
+    """Detach one loop device; False when it was already gone. The kernel frees an
+    autoclear device when its last mount goes, asynchronously: one listed a moment ago
+    may be free by now, and that is not a failure."""
+    try:
         _run(["losetup", "-d", device], f"detaching {device}")
-    return len(devices)
+    except HostError as exc:
+        if "No such device or address" in str(exc):
+            return False
+        raise
+    return True
 
 
 def usage(mount_point: Path) -> DiskUsage:
