@@ -150,14 +150,14 @@ class GateDecision:
     starving: frozenset[str] = frozenset()
     """Holding memory and denied past `overdue_after_s` for room (not for their turn among
     outgrown growers): while any is, no start launches."""
+    allowed: frozenset[str] = field(init=False)
+    denied: frozenset[str] = field(init=False)
 
-    @property
-    def allowed(self) -> frozenset[str]:
-        return frozenset(sid for sid, v in self.verdicts.items() if v.allowed)
-
-    @property
-    def denied(self) -> frozenset[str]:
-        return frozenset(sid for sid, v in self.verdicts.items() if not v.allowed)
+    def __post_init__(self) -> None:  # read per sandbox by callers: computed once
+        object.__setattr__(self, "allowed", frozenset(
+            sid for sid, v in self.verdicts.items() if v.allowed))
+        object.__setattr__(self, "denied", frozenset(
+            sid for sid, v in self.verdicts.items() if not v.allowed))
 
     @property
     def reasons(self) -> Mapping[str, str]:
