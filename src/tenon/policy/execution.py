@@ -12,7 +12,7 @@ room handed out this period); it does no I/O and reads no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -44,7 +44,9 @@ class ActionView(Protocol):
     @property
     def usage_bytes(self) -> int: ...
     @property
-    def growth_peak_bytes(self) -> int: ...
+    def charge_bytes(self) -> int: ...
+    @property
+    def peak_passed(self) -> bool: ...
 
 
 class ActionObs(NamedTuple):
@@ -78,12 +80,6 @@ class ActionObs(NamedTuple):
     def pending(self) -> bool:
         return self.started and not self.launched
 
-    @property
-    def growth_peak_bytes(self) -> int:
-        """The level it is expected to grow to: its charge once past its peak."""
-        if self.peak_passed:
-            return min(self.charge_bytes, self.prediction.peak_bytes)
-        return self.prediction.peak_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +119,8 @@ class TickPlan:
     changes: tuple[GateChange, ...] = ()
     throttles: tuple[Throttle, ...] = ()
     budget_b: int = 0
+    reclaimable_bytes: int = 0
+    """The snapshot's, as the gate decided with it (recorded with the sample)."""
 
 
 def known_budget_bytes(budget_bytes: int | None, usage_bytes: int, config: PolicyConfig) -> int:
@@ -133,12 +131,20 @@ def known_budget_bytes(budget_bytes: int | None, usage_bytes: int, config: Polic
     return usage_bytes + 2 * config.safety_margin_bytes + (1 << 40)
 
 
+def growth_peak_bytes(action: ActionView) -> int:
+    """The level an action is expected to grow to: its predicted peak, or its charge once
+    past its peak."""
+    if action.peak_passed:
+        return min(action.charge_bytes, action.prediction.peak_bytes)
+    return action.prediction.peak_bytes
+
+
 def predicted_growth_bytes(actions: Iterable[ActionView]) -> int:
     """Predicted remaining growth of admitted actions: peak (the charge, once past it) less
     what each sandbox holds. Actions held before their start are left out: they cannot
     grow until the gate lets them start, and it checks their demand when it does (counting
     them would make the pressure that holds them)."""
-    return sum(max(a.growth_peak_bytes - a.usage_bytes, 0) for a in actions if not a.pending)
+    return sum(max(growth_peak_bytes(a) - a.usage_bytes, 0) for a in actions if not a.pending)
 
 
 def pressure_of(budget_bytes: int, usage_bytes: int, actions: Iterable[ActionView],
@@ -173,7 +179,7 @@ class ExecutionPolicy:
         if self._use_gate:
             changes, budget_b = self._gate(snap, started, pressure)
         throttles = self._throttles(started, snap.budget_bytes) if self._throttle_v1 else ()
-        return TickPlan(pressure, changes, throttles, budget_b)
+        return TickPlan(pressure, changes, throttles, budget_b, snap.reclaimable_bytes)
 
     def _gate(self, snap: TickSnapshot, started: list[ActionObs],
               pressure: PressureState) -> tuple[tuple[GateChange, ...], int]:
@@ -360,6 +366,3 @@ class ExecutionPolicy:
     def _starts_metered(self, action: ActionView) -> bool:
         return is_heavy(action.prediction, self._config)
 
-
-def started_actions(actions: Sequence[ActionObs]) -> list[ActionObs]:
-    return [a for a in actions if a.started]

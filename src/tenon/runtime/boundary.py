@@ -191,9 +191,6 @@ class Boundary:
         return self.control_snapshot(rt.execution.snapshot(
             rt.clock.now(), rt.actions.values(), rt.domain.reading()))
 
-    def reclaimable_bytes(self, snap: ControlSnapshot) -> int:
-        return self._rt.control.reclaimable_bytes(snap.agents, snap.queued)
-
     def teardown_candidates(self) -> set[str]:
         """Agents a teardown may take now."""
         snap = self.snapshot_now()

@@ -874,8 +874,7 @@ class Runtime:
         seen = self.execution.observe(now, list(self.actions.values()))
         snapshot = self.boundary.control_snapshot(seen.snapshot)
         plan = self.control.step(snapshot)
-        self.execution.act(plan.tick, seen,
-                           reclaimable_bytes=self.boundary.reclaimable_bytes(snapshot))
+        self.execution.act(plan.tick, seen)
         self.boundary.act(plan)
         self._report_heavy_growth()
         self.boundary.pump()

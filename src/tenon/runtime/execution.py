@@ -69,13 +69,6 @@ class RunningAction:
     heavy_reported_bytes: int = 0  # the peak the predictor last heard of mid-run
 
     @property
-    def growth_peak_bytes(self) -> int:
-        """The level it is expected to grow to: its charge once past its peak."""
-        if self.peak_passed:
-            return min(self.charge_bytes, self.prediction.peak_bytes)
-        return self.prediction.peak_bytes
-
-    @property
     def started(self) -> bool:
         """In the gate's view: its sandbox is live and its exec has not returned."""
         return self.meter is not None and not self.done
@@ -204,7 +197,7 @@ class ExecutionLoop:
                             tuple(a.observed() for a in actions), samples,
                             num_oom_kills=reading.num_oom_kills)
 
-    def act(self, plan: TickPlan, seen: Observation, *, reclaimable_bytes: int = 0) -> None:
+    def act(self, plan: TickPlan, seen: Observation) -> None:
         """Carry out the period's gate changes and throttles, and record the sample.
 
         Everything from observing to actuating runs without an await: an action that ends
@@ -213,7 +206,7 @@ class ExecutionLoop:
         self._act_on_gate(plan, by_id)
         self._act_on_throttles(plan.throttles, by_id)
         self._record(seen.snapshot, plan.pressure, seen.started, seen.num_admitted,
-                     reclaimable_bytes)
+                     plan.reclaimable_bytes)
 
     async def tick(self, now: float, actions: list[RunningAction], *,
                    reclaimable_bytes: int = 0) -> PressureState:
@@ -221,7 +214,7 @@ class ExecutionLoop:
         the runtime steps the whole `ControlPolicy`)."""
         seen = self.observe(now, actions)
         plan = self.policy.step(replace(seen.snapshot, reclaimable_bytes=reclaimable_bytes))
-        self.act(plan, seen, reclaimable_bytes=reclaimable_bytes)
+        self.act(plan, seen)
         return plan.pressure
 
     def _sample(self, now: float, started: list[RunningAction]) -> list[SandboxSample]:
