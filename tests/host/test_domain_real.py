@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tenon.errors import CgroupUnavailable, ConfigError
+from tenon.errors import CgroupUnavailable, ConfigError, HostError
 from tenon.host.domain import WorkloadDomain
 from tenon.host.layout import detect_layout
 from tenon.host.types import CgroupVersion
@@ -244,3 +244,32 @@ def test_negative_budget_is_rejected():
     with pytest.raises(ConfigError, match="negative"):
         WorkloadDomain.open("tenon-test-neg", budget_bytes=-1)
     assert leftovers("tenon-test-neg") == []
+
+
+def remove_behind_its_back(box) -> None:
+    """rmdir every directory of `box`, as Docker removes a container's cgroup."""
+    box.kill_all()
+    for directory in sorted(set(box.dirs.values()), reverse=True):
+        directory.rmdir()
+
+
+def test_sample_reopens_a_cgroup_removed_and_made_again_behind_its_back(domain):
+    domain.set_budget(None)
+    box = domain.sandbox("again")
+    box.sample()  # its files are open now
+    remove_behind_its_back(box)
+    for directory in sorted(set(box.dirs.values())):
+        directory.mkdir()
+    proc = start_in(box, "b = bytearray(20 * 1024 * 1024)\n"
+                         "for i in range(0, len(b), 4096): b[i] = 1\n"
+                         "print('ok', flush=True)\nimport time; time.sleep(60)")
+    try:
+        assert proc.stdout.readline().strip() == b"ok"
+        usage, _ = box.sample()  # the kept descriptors fail (ENODEV): opened afresh
+        assert usage > 15 * MIB
+        assert abs(usage - box.reading().usage_bytes) < 4 * MIB
+    finally:
+        remove_behind_its_back(box)
+        proc.communicate()
+    with pytest.raises(HostError, match="cannot sample cgroup of again"):
+        box.sample()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +24,8 @@ _POLL_S = 0.0005
 _V1_FROZEN, _V1_THAWED = "FROZEN", "THAWED"  # "FREEZING" is the transition in between
 
 
-def _read_raw(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
+_NUMBER_READ_BYTES = 64  # a single-number file (usage in bytes, cpuacct.usage in ns)
+_STAT_READ_BYTES = 4096  # v2 cpu.stat, whose first line is usage_usec
 
 
 @dataclass
@@ -40,6 +37,9 @@ class SandboxCgroup:
     dirs: dict[str, Path]  # controller -> directory (v2: every controller -> the same dir)
     _seen_oom_kills: int = field(default=0)
     _sample_paths: tuple[str, str, str] | None = field(default=None, repr=False, compare=False)
+    # The sampled files, kept open (usage, swap or -1, cpu); `close` and `remove` close them.
+    _sample_fds: tuple[int, int, int] | None = field(default=None, repr=False, compare=False)
+    _fds_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _held_since: float | None = field(default=None, repr=False, compare=False)
     _held_total_s: float = field(default=0.0, repr=False, compare=False)
 
@@ -154,27 +154,77 @@ class SandboxCgroup:
     def sample(self) -> tuple[int, float]:
         """(usage_bytes, cpu_usage_s): the two figures the execution loop needs each period.
 
-        The hot path: with 100 sandboxes sampled every 100 ms this runs 1,000 times a second,
-        so it reads just two files with raw os calls on paths resolved once (`reading()`
-        reads five, through pathlib, and is for everything else).
+        The hot path: with 100 sandboxes sampled every 100 ms this runs 1,000 times a second.
+        It keeps its files open and re-reads them with pread(2) at offset 0, where a cgroupfs
+        file generates its content afresh: opening walks the path and costs several times the
+        read itself (`reading()` opens five files, through pathlib, and is for everything else).
         """
-        paths = self._sample_paths
-        if paths is None:
-            paths = self._sample_paths = self._resolve_sample_paths()
-        usage_path, swap_path, cpu_path = paths
-        try:
-            usage = int(_read_raw(usage_path).split()[0])
-            if swap_path:
-                usage += int(_read_raw(swap_path).split()[0])
-            raw_cpu = _read_raw(cpu_path)
-        except OSError as exc:
-            raise HostError(f"cannot sample cgroup of {self.sandbox_id}: {exc}") from exc
+        with self._fds_lock:
+            kept = self._sample_fds is not None
+            try:
+                usage_raw, swap_raw, cpu_raw = self._pread_sample()
+            except OSError as exc:
+                self._close_sample_fds()
+                if not kept:
+                    raise HostError(f"cannot sample cgroup of {self.sandbox_id}: {exc}") from exc
+                # A kept descriptor fails (ENODEV) once its cgroup is removed, also when a
+                # cgroup of the same name took its place: the paths decide, opened afresh.
+                try:
+                    usage_raw, swap_raw, cpu_raw = self._pread_sample()
+                except OSError as exc_again:
+                    self._close_sample_fds()
+                    raise HostError(f"cannot sample cgroup of {self.sandbox_id}: "
+                                    f"{exc_again}") from exc_again
+        usage = int(usage_raw) + (int(swap_raw) if swap_raw else 0)
         if self._v1:
-            return usage, int(raw_cpu.split()[0]) / 1e9
-        for line in raw_cpu.splitlines():  # cpu.stat starts with usage_usec
+            return usage, int(cpu_raw) / 1e9
+        for line in cpu_raw.splitlines():  # cpu.stat starts with usage_usec
             if line.startswith(b"usage_usec "):
                 return usage, int(line.split()[1]) / 1e6
         return usage, 0.0
+
+    def _pread_sample(self) -> tuple[bytes, bytes, bytes]:
+        fds = self._sample_fds
+        if fds is None:
+            fds = self._sample_fds = self._open_sample_fds()
+        usage_fd, swap_fd, cpu_fd = fds
+        swap = os.pread(swap_fd, _NUMBER_READ_BYTES, 0) if swap_fd >= 0 else b""
+        read_bytes = _NUMBER_READ_BYTES if self._v1 else _STAT_READ_BYTES
+        return os.pread(usage_fd, _NUMBER_READ_BYTES, 0), swap, os.pread(cpu_fd, read_bytes, 0)
+
+    def _open_sample_fds(self) -> tuple[int, int, int]:
+        paths = self._sample_paths
+        if paths is None:
+            paths = self._sample_paths = self._resolve_sample_paths()
+        fds: list[int] = []
+        try:
+            for path in paths:
+                fds.append(os.open(path, os.O_RDONLY) if path else -1)
+        except OSError:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        return fds[0], fds[1], fds[2]
+
+    def _close_sample_fds(self) -> None:
+        fds, self._sample_fds = self._sample_fds, None
+        for fd in fds or ():
+            if fd >= 0:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Close the files `sample` keeps open (idempotent; a later sample reopens them)."""
+        with self._fds_lock:
+            self._close_sample_fds()
+
+    def __del__(self) -> None:
+        # A cgroup object dropped without `remove` or `close` (say, replaced on re-adoption)
+        # must not hold its descriptors until the process exits.
+        fds = getattr(self, "_sample_fds", None)
+        for fd in fds or ():
+            if fd >= 0:
+                os.close(fd)
 
     def _resolve_sample_paths(self) -> tuple[str, str, str]:
         mem = self._dir("memory")
@@ -274,6 +324,7 @@ class SandboxCgroup:
 
     def remove(self) -> None:
         """Kill everything and remove the cgroup directories (idempotent)."""
+        self.close()
         self.kill_all()
         for directory in sorted(set(self.dirs.values()), reverse=True):
             for _ in range(200):  # rmdir can race the exit of the last task
