@@ -26,7 +26,7 @@ Invariants (property-tested):
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from tenon.policy.config import PolicyConfig
@@ -97,6 +97,29 @@ class Verdict:
     """The reason with its figures, for the event log."""
 
 
+# Verdicts are immutable: sandboxes whose verdict reads the same share one object.
+_NO_GROWTH = Verdict(True, Why.NO_GROWTH, Why.NO_GROWTH.value)
+_GREEN = Verdict(True, Why.GREEN, Why.GREEN.value)
+
+
+class _Reasons(Mapping[str, str]):
+    """Each sandbox's reason text, read from its verdict when asked (not copied)."""
+
+    __slots__ = ("_verdicts",)
+
+    def __init__(self, verdicts: Mapping[str, Verdict]) -> None:
+        self._verdicts = verdicts
+
+    def __getitem__(self, sid: str) -> str:
+        return self._verdicts[sid].text
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._verdicts)
+
+    def __len__(self) -> int:
+        return len(self._verdicts)
+
+
 @dataclass(frozen=True, slots=True)
 class GateView:
     """Everything one period's gate decision sees (frozen; built by `GateController`).
@@ -161,28 +184,19 @@ class GateDecision:
 
     @property
     def reasons(self) -> Mapping[str, str]:
-        return {sid: v.text for sid, v in self.verdicts.items()}
+        return _Reasons(self.verdicts)
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    """A positive-demand sandbox competing for room under yellow or red."""
+_Candidate = tuple[bool, bool, bool, GrowthState, int, str]
+"""A positive-demand sandbox competing for room under yellow or red:
+(paused, pending, on_time, state, demand_bytes, sid).
 
-    sid: str
-    demand_bytes: int
-    overdue: bool
-    state: GrowthState
-    pending: bool
-
-    @property
-    def running(self) -> bool:
-        return self.state is GrowthState.GROWING
-
-    def order(self) -> tuple[bool, bool, bool, int, int, str]:
-        """Growers already running first, then sandboxes holding memory before starts
-        that hold none; then overdue first, growth state, smaller demand, id."""
-        return (not self.running, self.pending, not self.overdue, int(self.state),
-                self.demand_bytes, self.sid)
+The fields are in serving order, so candidates sort as plain tuples (a plain tuple, not a
+named one: one is built per sandbox every period): growers already running first (not
+`paused`), then sandboxes holding memory before starts that hold none (not `pending`);
+then overdue first (not `on_time`), growth state, smaller demand, id (unique: the order is
+total).
+"""
 
 
 def gate_demand_bytes(
@@ -264,20 +278,22 @@ def outgrown_queue(
 def decide_gate(view: GateView, config: PolicyConfig) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort."""
     caps = view.growth_caps
+    demands = {sid: gate_demand_bytes(est, caps.get(sid), config)
+               for sid, est in view.estimates.items()}
     queued = outgrown_queue(
-        view.estimates, {sid: view.demand_bytes(sid, config) for sid in view.estimates},
-        view.headroom_bytes, view.outgrown_since, caps) if view.outgrown_since else {}
+        view.estimates, demands, view.headroom_bytes, view.outgrown_since,
+        caps) if view.outgrown_since else {}
     if view.level is Pressure.GREEN:
-        return _decide_green(view, config, queued)
-    return _decide_pressed(view, config, queued)
+        return _decide_green(view, config, demands, queued)
+    return _decide_pressed(view, config, demands, queued)
 
 
-def _decide_green(view: GateView, config: PolicyConfig,
+def _decide_green(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
                   queued: Mapping[str, str]) -> GateDecision:
-    kept = _outgrown_kept_under_green(view, config, waiting=queued)
+    kept = _outgrown_kept_under_green(view, config, demands, waiting=queued)
     held_long = frozenset(sid for sid in kept
                           if view.now - view.denied_since[sid] >= config.overdue_after_s)
-    verdicts = dict.fromkeys(view.estimates, Verdict(True, Why.GREEN, Why.GREEN.value))
+    verdicts = dict.fromkeys(view.estimates, _GREEN)
     verdicts.update(kept)
     verdicts.update({sid: Verdict(False, Why.OUTGROWN_BEHIND, f"green: {why}")
                      for sid, why in queued.items()})
@@ -285,61 +301,70 @@ def _decide_green(view: GateView, config: PolicyConfig,
                         frozenset(queued), held_long)
 
 
-def _decide_pressed(view: GateView, config: PolicyConfig,
+def _decide_pressed(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
                     queued: Mapping[str, str]) -> GateDecision:
     """Yellow and red: growers fit above the yellow line, then b slots (one under red)."""
     slots = view.budget_b if view.level is Pressure.YELLOW else 1
-    verdicts, candidates, longest_wait = _sort_out(view, config, queued)
+    verdicts, candidates, longest_wait = _sort_out(view, config, demands, queued)
     _hand_out_room(view, slots, candidates, verdicts)
-    starving = [c.sid for c in candidates
-                if not verdicts[c.sid].allowed and not c.pending and c.overdue]
-    name = view.level.name.lower()
+    starving = [sid for _, pending, on_time, _, _, sid in candidates
+                if not pending and not on_time and not verdicts[sid].allowed]
     if starving:
         # A grower frozen past overdue holds what it has allocated and waits for room:
         # starts (holding nothing yet) wait for it, or they take that room one by one.
-        for sid, verdict in list(verdicts.items()):
-            if verdict.allowed and sid in view.pending:
-                verdicts[sid] = Verdict(False, Why.WAITS_FOR_STARVING,
-                                        f"{name}: waits for {starving[0]}, held past overdue")
-        candidates = [c for c in candidates if not c.pending]
+        name = view.level.name.lower()
+        waits = Verdict(False, Why.WAITS_FOR_STARVING,
+                        f"{name}: waits for {starving[0]}, held past overdue")
+        for sid in view.pending:
+            verdict = verdicts.get(sid)
+            if verdict is not None and verdict.allowed:
+                verdicts[sid] = waits
+        candidates = [c for c in candidates if not c[1]]  # not pending
     _liveness_probe(view, config, candidates, verdicts, longest_wait)
     return GateDecision(verdicts, slots, view.level, view.headroom_bytes,
                         frozenset(queued), frozenset(starving))
 
 
-def _sort_out(view: GateView, config: PolicyConfig, queued: Mapping[str, str],
-              ) -> tuple[dict[str, Verdict], list[_Candidate], float]:
+def _sort_out(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
+              queued: Mapping[str, str]) -> tuple[dict[str, Verdict], list[_Candidate], float]:
     """The verdicts that need no room (no growth, queued behind an outgrown one, within
     the minimum denial wait), the candidates for room in their order, and the longest
     stall among the candidates."""
-    stalled_since = view.denied_since if view.stalled_since is None else view.stalled_since
+    now = view.now
+    denied_since = view.denied_since
+    stalled_since = denied_since if view.stalled_since is None else view.stalled_since
     name = view.level.name.lower()
     min_wait = config.min_denial_wait_s
+    overdue_after = config.overdue_after_s
+    min_waits: dict[float, Verdict] = {}  # sandboxes denied at the same time share one
     verdicts: dict[str, Verdict] = {}
     candidates: list[_Candidate] = []
     longest_wait = 0.0
     for sid, est in view.estimates.items():
-        demand = view.demand_bytes(sid, config)
-        since = view.denied_since.get(sid)
-        waited = None if since is None else view.now - since
+        demand = demands[sid]
+        since = denied_since.get(sid)
+        waited = None if since is None else now - since
         if demand <= 0:
-            verdicts[sid] = Verdict(True, Why.NO_GROWTH, Why.NO_GROWTH.value)
+            verdicts[sid] = _NO_GROWTH
         elif sid in queued:
             verdicts[sid] = Verdict(False, Why.OUTGROWN_BEHIND, f"{name}: {queued[sid]}")
         elif waited is not None and waited < min_wait:
-            verdicts[sid] = Verdict(False, Why.MIN_WAIT,
-                                    f"denied {waited:.2f}s ago; waits {min_wait:.2f}s")
+            verdict = min_waits.get(waited)
+            if verdict is None:
+                verdict = min_waits[waited] = Verdict(
+                    False, Why.MIN_WAIT, f"denied {waited:.2f}s ago; waits {min_wait:.2f}s")
+            verdicts[sid] = verdict
         else:
-            longest_wait = max(longest_wait, view.now - stalled_since.get(sid, view.now))
-            overdue = waited is not None and waited >= config.overdue_after_s
-            candidates.append(_Candidate(sid, demand, overdue, classify(est, view.now, config),
-                                         sid in view.pending))
+            longest_wait = max(longest_wait, now - stalled_since.get(sid, now))
+            state = classify(est, now, config)
+            candidates.append((state is not GrowthState.GROWING, sid in view.pending,
+                               waited is None or waited < overdue_after, state, demand, sid))
     # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
     # to an overdue one freezes both with half their memory allocated, and rotating probes
     # this way lets none finish. Overdue ones get the next slot that frees. Then sandboxes
     # holding memory, before starts that hold none: a start given the slot takes the room
     # a frozen grower waits for.
-    candidates.sort(key=_Candidate.order)
+    candidates.sort()
     return verdicts, candidates, longest_wait
 
 
@@ -348,31 +373,29 @@ def _hand_out_room(view: GateView, slots: int, candidates: list[_Candidate],
     """In order: room above the yellow line first (yellow only), then a slot while the
     demand fits what is left of H."""
     name = view.level.name.lower()
-    free_left = (max(min(view.free_bytes, view.headroom_bytes), 0)
-                 if view.level is Pressure.YELLOW else 0)
+    headroom = view.headroom_bytes
+    free_left = max(min(view.free_bytes, headroom), 0) if view.level is Pressure.YELLOW else 0
+    slots_taken = Verdict(False, Why.SLOTS_TAKEN, f"{name}: all {slots} growth slots taken")
     used_bytes = 0
     num_slotted = 0
-    for c in candidates:
-        late = " (overdue)" if c.overdue else ""
-        demand = c.demand_bytes
+    for _, _, on_time, _, demand, sid in candidates:
         if used_bytes + demand <= free_left:
             used_bytes += demand
-            verdicts[c.sid] = Verdict(True, Why.FITS_ABOVE_LINE,
-                                      f"{name}: demand {demand} B fits above the yellow line"
-                                      f"{late}")
+            verdicts[sid] = Verdict(True, Why.FITS_ABOVE_LINE,
+                                    f"{name}: demand {demand} B fits above the yellow line"
+                                    f"{'' if on_time else ' (overdue)'}")
         elif num_slotted >= slots:
-            verdicts[c.sid] = Verdict(False, Why.SLOTS_TAKEN,
-                                      f"{name}: all {slots} growth slots taken")
-        elif used_bytes + demand > view.headroom_bytes:
-            verdicts[c.sid] = Verdict(False, Why.NO_FIT,
-                                      f"{name}: demand {demand} B does not fit headroom left "
-                                      f"{view.headroom_bytes - used_bytes} B")
+            verdicts[sid] = slots_taken
+        elif used_bytes + demand > headroom:
+            verdicts[sid] = Verdict(False, Why.NO_FIT,
+                                    f"{name}: demand {demand} B does not fit headroom left "
+                                    f"{headroom - used_bytes} B")
         else:
             used_bytes += demand
             num_slotted += 1
             kind = "probe" if view.level is Pressure.RED else f"slot {num_slotted}/{slots}"
-            verdicts[c.sid] = Verdict(True, Why.SLOT, f"{name} {kind}: demand {demand} B fits"
-                                                      f"{late}")
+            verdicts[sid] = Verdict(True, Why.SLOT, f"{name} {kind}: demand {demand} B fits"
+                                                    f"{'' if on_time else ' (overdue)'}")
 
 
 def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Candidate],
@@ -389,31 +412,35 @@ def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Cand
     smallest demand does not fit under the limit itself (H + S): a larger shortfall keeps
     waiting for them, or two growers' peaks would meet.
     """
-    smallest = min((c.demand_bytes for c in candidates), default=0)
-    growing = {sid for sid, v in verdicts.items() if v.allowed and v.why is not Why.NO_GROWTH}
-    plateaus = sum(view.gives_back.get(sid, 0) for sid, v in verdicts.items()
-                   if v.allowed and sid not in growing)
+    # Only candidates can hold a verdict that lets them grow (the rest have no growth or
+    # are denied), so "does anything grow" is asked of them alone.
+    if not candidates or any(verdicts[c[5]].allowed for c in candidates):
+        return
+    smallest = min(demand for *_, demand, _ in candidates)
+    plateaus = sum(bytes_ for sid, bytes_ in view.gives_back.items()
+                   if sid in verdicts and verdicts[sid].allowed)
     if (longest_wait >= config.plateau_patience_s
             and smallest <= view.headroom_bytes + config.safety_margin_bytes):
         plateaus = 0
-    if growing or not candidates or (
-            view.headroom_bytes + view.reclaimable_bytes + plateaus >= smallest):
+    if view.headroom_bytes + view.reclaimable_bytes + plateaus >= smallest:
         return
-    running = [c for c in candidates if c.running]
-    pool = running or [c for c in candidates if c.overdue]
+    running = [(demand, sid) for paused, _, _, _, demand, sid in candidates if not paused]
+    pool = running or [(demand, sid) for _, _, on_time, _, demand, sid in candidates
+                       if not on_time]
     if not pool:
         return
-    chosen = min(pool, key=lambda c: (c.demand_bytes, c.sid))
+    _, chosen = min(pool)
     name = view.level.name.lower()
     if running:
-        verdicts[chosen.sid] = Verdict(True, Why.RUNNING_PROBE,
-                                       f"{name} running probe continues: nothing else may grow")
+        verdicts[chosen] = Verdict(True, Why.RUNNING_PROBE,
+                                   f"{name} running probe continues: nothing else may grow")
     else:
-        verdicts[chosen.sid] = Verdict(True, Why.OVERDUE_PROBE,
-                                       f"{name} overdue probe: nothing else may grow")
+        verdicts[chosen] = Verdict(True, Why.OVERDUE_PROBE,
+                                   f"{name} overdue probe: nothing else may grow")
 
 
-def _outgrown_kept_under_green(view: GateView, config: PolicyConfig, *,
+def _outgrown_kept_under_green(view: GateView, config: PolicyConfig,
+                               demands: Mapping[str, int], *,
                                waiting: Mapping[str, str]) -> dict[str, Verdict]:
     """Held sandboxes that stay held under green: those that outgrew their prediction and
     whose measured demand exceeds H. `waiting` (held for outgrowing after others) neither
@@ -433,12 +460,12 @@ def _outgrown_kept_under_green(view: GateView, config: PolicyConfig, *,
     kept: dict[str, tuple[int, float]] = {}
     others_grow = False
     for sid, est in view.estimates.items():
-        cap = view.growth_caps.get(sid)
-        demand = gate_demand_bytes(est, cap, config)
-        since = view.denied_since.get(sid)
         if sid in waiting:
             continue
-        if since is not None and is_outgrown(est, cap) and demand > view.headroom_bytes:
+        demand = demands[sid]
+        since = view.denied_since.get(sid)
+        if (since is not None and is_outgrown(est, view.growth_caps.get(sid))
+                and demand > view.headroom_bytes):
             kept[sid] = (demand, since)
         elif demand > 0 and est.allowed and est.rate_bytes_per_s is not None:
             others_grow = True  # measured and running: a start not yet launched is not
