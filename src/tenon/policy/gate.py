@@ -177,10 +177,9 @@ class GateDecision:
     denied: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:  # read per sandbox by callers: computed once
-        object.__setattr__(self, "allowed", frozenset(
-            sid for sid, v in self.verdicts.items() if v.allowed))
-        object.__setattr__(self, "denied", frozenset(
-            sid for sid, v in self.verdicts.items() if not v.allowed))
+        allowed = frozenset([sid for sid, v in self.verdicts.items() if v.allowed])
+        object.__setattr__(self, "allowed", allowed)
+        object.__setattr__(self, "denied", frozenset(self.verdicts).difference(allowed))
 
     @property
     def reasons(self) -> Mapping[str, str]:
@@ -336,29 +335,34 @@ def _sort_out(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
     name = view.level.name.lower()
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
+    pending = view.pending
     min_waits: dict[float, Verdict] = {}  # sandboxes denied at the same time share one
     verdicts: dict[str, Verdict] = {}
     candidates: list[_Candidate] = []
     longest_wait = 0.0
     for sid, est in view.estimates.items():
         demand = demands[sid]
-        since = denied_since.get(sid)
-        waited = None if since is None else now - since
         if demand <= 0:
             verdicts[sid] = _NO_GROWTH
-        elif sid in queued:
+            continue
+        if sid in queued:
             verdicts[sid] = Verdict(False, Why.OUTGROWN_BEHIND, f"{name}: {queued[sid]}")
-        elif waited is not None and waited < min_wait:
+            continue
+        since = denied_since.get(sid)
+        waited = None if since is None else now - since
+        if waited is not None and waited < min_wait:
             verdict = min_waits.get(waited)
             if verdict is None:
                 verdict = min_waits[waited] = Verdict(
                     False, Why.MIN_WAIT, f"denied {waited:.2f}s ago; waits {min_wait:.2f}s")
             verdicts[sid] = verdict
-        else:
-            longest_wait = max(longest_wait, now - stalled_since.get(sid, now))
-            state = classify(est, now, config)
-            candidates.append((state is not GrowthState.GROWING, sid in view.pending,
-                               waited is None or waited < overdue_after, state, demand, sid))
+            continue
+        stalled = now - stalled_since.get(sid, now)
+        if stalled > longest_wait:
+            longest_wait = stalled
+        state = classify(est, now, config)
+        candidates.append((state is not GrowthState.GROWING, sid in pending,
+                           waited is None or waited < overdue_after, state, demand, sid))
     # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
     # to an overdue one freezes both with half their memory allocated, and rotating probes
     # this way lets none finish. Overdue ones get the next slot that frees. Then sandboxes
@@ -538,9 +542,9 @@ class GateController:
         caps = growth_caps or {}
         estimates = self._estimator.estimates
         previous_outgrown = self._outgrown_since
-        self._outgrown_since = {
-            sid: previous_outgrown.get(sid, now) for sid, est in estimates.items()
-            if is_outgrown(est, caps.get(sid))}
+        self._outgrown_since = {  # only a sandbox with a cap <= 0 can have outgrown it
+            sid: previous_outgrown.get(sid, now) for sid, cap in caps.items()
+            if cap <= 0 and sid in estimates and is_outgrown(estimates[sid], cap)}
         decision = decide_gate(GateView(
             estimates, pressure_level, headroom_bytes, now, budget_b=self._aimd.b,
             denied_since=self._denied_since, growth_caps=caps, free_bytes=free_bytes,
@@ -552,10 +556,10 @@ class GateController:
             self._stalled_since = {}
         else:
             stalled = self._stalled_since
+            denied, verdicts = decision.denied, decision.verdicts
             self._stalled_since = {
                 sid: stalled.get(sid, now) for sid in estimates
-                if sid in decision.denied
-                or (sid in stalled and decision.verdicts[sid].why is not Why.NO_GROWTH)}
+                if sid in denied or (sid in stalled and verdicts[sid].why is not Why.NO_GROWTH)}
         # A denial's start time is kept across consecutive denials, so waits accumulate
         # toward "overdue"; an allowed sandbox's clock resets.
         previous = self._denied_since
