@@ -26,6 +26,31 @@ _V1_FROZEN, _V1_THAWED = "FROZEN", "THAWED"  # "FREEZING" is the transition in b
 
 _NUMBER_READ_BYTES = 64  # a single-number file (usage in bytes, cpuacct.usage in ns)
 _STAT_READ_BYTES = 4096  # v2 cpu.stat, whose first line is usage_usec
+# The files `sample` keeps open: usage, swap (-1 where not accounted apart), CPU; and
+# whether CPU is v1 cpuacct.usage (one number, ns) rather than v2 cpu.stat (keyed, us).
+_SampleFds = tuple[int, int, int, bool]
+
+
+def _read_sample(fds: _SampleFds) -> tuple[int, float]:
+    """(usage_bytes, cpu_usage_s) re-read through kept descriptors: pread(2) at offset 0
+    makes a cgroupfs file generate its content afresh."""
+    usage_fd, swap_fd, cpu_fd, cpu_v1 = fds
+    usage = int(os.pread(usage_fd, _NUMBER_READ_BYTES, 0))
+    if swap_fd >= 0:
+        usage += int(os.pread(swap_fd, _NUMBER_READ_BYTES, 0))
+    if cpu_v1:
+        return usage, int(os.pread(cpu_fd, _NUMBER_READ_BYTES, 0)) / 1e9
+    for line in os.pread(cpu_fd, _STAT_READ_BYTES, 0).splitlines():  # usage_usec comes first
+        if line.startswith(b"usage_usec "):
+            return usage, int(line.split()[1]) / 1e6
+    return usage, 0.0
+
+
+def _close_kept(fds: _SampleFds | None) -> None:
+    if fds is not None:
+        for fd in fds[:3]:
+            if fd >= 0:
+                os.close(fd)
 
 
 @dataclass
@@ -38,7 +63,7 @@ class SandboxCgroup:
     _seen_oom_kills: int = field(default=0)
     _sample_paths: tuple[str, str, str] | None = field(default=None, repr=False, compare=False)
     # The sampled files, kept open (usage, swap or -1, cpu); `close` and `remove` close them.
-    _sample_fds: tuple[int, int, int] | None = field(default=None, repr=False, compare=False)
+    _sample_fds: _SampleFds | None = field(default=None, repr=False, compare=False)
     _fds_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _held_since: float | None = field(default=None, repr=False, compare=False)
     _held_total_s: float = field(default=0.0, repr=False, compare=False)
@@ -160,39 +185,21 @@ class SandboxCgroup:
         read itself (`reading()` opens five files, through pathlib, and is for everything else).
         """
         with self._fds_lock:
-            kept = self._sample_fds is not None
+            if self._sample_fds is not None:
+                try:
+                    return _read_sample(self._sample_fds)
+                except OSError:
+                    # A kept descriptor fails (ENODEV) once its cgroup is removed, also when
+                    # a cgroup of the same name took its place: the paths decide, afresh.
+                    self._close_sample_fds()
             try:
-                usage_raw, swap_raw, cpu_raw = self._pread_sample()
+                self._sample_fds = self._open_sample_fds()
+                return _read_sample(self._sample_fds)
             except OSError as exc:
                 self._close_sample_fds()
-                if not kept:
-                    raise HostError(f"cannot sample cgroup of {self.sandbox_id}: {exc}") from exc
-                # A kept descriptor fails (ENODEV) once its cgroup is removed, also when a
-                # cgroup of the same name took its place: the paths decide, opened afresh.
-                try:
-                    usage_raw, swap_raw, cpu_raw = self._pread_sample()
-                except OSError as exc_again:
-                    self._close_sample_fds()
-                    raise HostError(f"cannot sample cgroup of {self.sandbox_id}: "
-                                    f"{exc_again}") from exc_again
-        usage = int(usage_raw) + (int(swap_raw) if swap_raw else 0)
-        if self._v1:
-            return usage, int(cpu_raw) / 1e9
-        for line in cpu_raw.splitlines():  # cpu.stat starts with usage_usec
-            if line.startswith(b"usage_usec "):
-                return usage, int(line.split()[1]) / 1e6
-        return usage, 0.0
+                raise HostError(f"cannot sample cgroup of {self.sandbox_id}: {exc}") from exc
 
-    def _pread_sample(self) -> tuple[bytes, bytes, bytes]:
-        fds = self._sample_fds
-        if fds is None:
-            fds = self._sample_fds = self._open_sample_fds()
-        usage_fd, swap_fd, cpu_fd = fds
-        swap = os.pread(swap_fd, _NUMBER_READ_BYTES, 0) if swap_fd >= 0 else b""
-        read_bytes = _NUMBER_READ_BYTES if self._v1 else _STAT_READ_BYTES
-        return os.pread(usage_fd, _NUMBER_READ_BYTES, 0), swap, os.pread(cpu_fd, read_bytes, 0)
-
-    def _open_sample_fds(self) -> tuple[int, int, int]:
+    def _open_sample_fds(self) -> _SampleFds:
         paths = self._sample_paths
         if paths is None:
             paths = self._sample_paths = self._resolve_sample_paths()
@@ -205,13 +212,11 @@ class SandboxCgroup:
                 if fd >= 0:
                     os.close(fd)
             raise
-        return fds[0], fds[1], fds[2]
+        return fds[0], fds[1], fds[2], self._v1
 
     def _close_sample_fds(self) -> None:
         fds, self._sample_fds = self._sample_fds, None
-        for fd in fds or ():
-            if fd >= 0:
-                os.close(fd)
+        _close_kept(fds)
 
     def close(self) -> None:
         """Close the files `sample` keeps open (idempotent; a later sample reopens them)."""
@@ -221,10 +226,7 @@ class SandboxCgroup:
     def __del__(self) -> None:
         # A cgroup object dropped without `remove` or `close` (say, replaced on re-adoption)
         # must not hold its descriptors until the process exits.
-        fds = getattr(self, "_sample_fds", None)
-        for fd in fds or ():
-            if fd >= 0:
-                os.close(fd)
+        _close_kept(getattr(self, "_sample_fds", None))
 
     def _resolve_sample_paths(self) -> tuple[str, str, str]:
         mem = self._dir("memory")
