@@ -33,9 +33,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.policy.growth import (
     GrowthEstimate,
     GrowthEstimator,
-    GrowthState,
     SandboxSample,
-    classify,
     projected_demand_bytes,
 )
 from tenon.policy.pressure import Pressure
@@ -186,15 +184,17 @@ class GateDecision:
         return _Reasons(self.verdicts)
 
 
-_Candidate = tuple[bool, bool, bool, GrowthState, int, str]
+_Candidate = tuple[bool, bool, bool, int, str]
 """A positive-demand sandbox competing for room under yellow or red:
-(paused, pending, on_time, state, demand_bytes, sid).
+(paused, pending, on_time, demand_bytes, sid).
 
 The fields are in serving order, so candidates sort as plain tuples (a plain tuple, not a
 named one: one is built per sandbox every period): growers already running first (not
 `paused`), then sandboxes holding memory before starts that hold none (not `pending`);
-then overdue first (not `on_time`), growth state, smaller demand, id (unique: the order is
-total).
+then overdue first (not `on_time`), smaller demand, id (unique: the order is total).
+A positive demand is growth above the resident band (or bootstrap), so `classify` puts
+the sandbox in `GrowthState.GROWING` when allowed and `PAUSED_GROWING` when held: `paused`
+is its growth state's rank.
 """
 
 
@@ -276,20 +276,20 @@ def outgrown_queue(
 
 def decide_gate(view: GateView, config: PolicyConfig) -> GateDecision:
     """Decide who runs for the next control period; O(n log n), one sort."""
-    caps = view.growth_caps
-    demands = {sid: gate_demand_bytes(est, caps.get(sid), config)
-               for sid, est in view.estimates.items()}
     queued = outgrown_queue(
-        view.estimates, demands, view.headroom_bytes, view.outgrown_since,
-        caps) if view.outgrown_since else {}
+        view.estimates,
+        {sid: view.demand_bytes(sid, config) for sid in view.outgrown_since
+         if sid in view.estimates},
+        view.headroom_bytes, view.outgrown_since, view.growth_caps,
+    ) if view.outgrown_since else {}
     if view.level is Pressure.GREEN:
-        return _decide_green(view, config, demands, queued)
-    return _decide_pressed(view, config, demands, queued)
+        return _decide_green(view, config, queued)
+    return _decide_pressed(view, config, queued)
 
 
-def _decide_green(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
+def _decide_green(view: GateView, config: PolicyConfig,
                   queued: Mapping[str, str]) -> GateDecision:
-    kept = _outgrown_kept_under_green(view, config, demands, waiting=queued)
+    kept = _outgrown_kept_under_green(view, config, waiting=queued)
     held_long = frozenset(sid for sid in kept
                           if view.now - view.denied_since[sid] >= config.overdue_after_s)
     verdicts = dict.fromkeys(view.estimates, _GREEN)
@@ -300,13 +300,13 @@ def _decide_green(view: GateView, config: PolicyConfig, demands: Mapping[str, in
                         frozenset(queued), held_long)
 
 
-def _decide_pressed(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
+def _decide_pressed(view: GateView, config: PolicyConfig,
                     queued: Mapping[str, str]) -> GateDecision:
     """Yellow and red: growers fit above the yellow line, then b slots (one under red)."""
     slots = view.budget_b if view.level is Pressure.YELLOW else 1
-    verdicts, candidates, longest_wait = _sort_out(view, config, demands, queued)
+    verdicts, candidates, longest_wait = _sort_out(view, config, queued)
     _hand_out_room(view, slots, candidates, verdicts)
-    starving = [sid for _, pending, on_time, _, _, sid in candidates
+    starving = [sid for _, pending, on_time, _, sid in candidates
                 if not pending and not on_time and not verdicts[sid].allowed]
     if starving:
         # A grower frozen past overdue holds what it has allocated and waits for room:
@@ -324,8 +324,8 @@ def _decide_pressed(view: GateView, config: PolicyConfig, demands: Mapping[str, 
                         frozenset(queued), frozenset(starving))
 
 
-def _sort_out(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
-              queued: Mapping[str, str]) -> tuple[dict[str, Verdict], list[_Candidate], float]:
+def _sort_out(view: GateView, config: PolicyConfig, queued: Mapping[str, str],
+              ) -> tuple[dict[str, Verdict], list[_Candidate], float]:
     """The verdicts that need no room (no growth, queued behind an outgrown one, within
     the minimum denial wait), the candidates for room in their order, and the longest
     stall among the candidates."""
@@ -336,12 +336,13 @@ def _sort_out(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
     min_wait = config.min_denial_wait_s
     overdue_after = config.overdue_after_s
     pending = view.pending
+    caps = view.growth_caps
     min_waits: dict[float, Verdict] = {}  # sandboxes denied at the same time share one
     verdicts: dict[str, Verdict] = {}
     candidates: list[_Candidate] = []
     longest_wait = 0.0
     for sid, est in view.estimates.items():
-        demand = demands[sid]
+        demand = gate_demand_bytes(est, caps.get(sid), config)
         if demand <= 0:
             verdicts[sid] = _NO_GROWTH
             continue
@@ -360,9 +361,8 @@ def _sort_out(view: GateView, config: PolicyConfig, demands: Mapping[str, int],
         stalled = now - stalled_since.get(sid, now)
         if stalled > longest_wait:
             longest_wait = stalled
-        state = classify(est, now, config)
-        candidates.append((state is not GrowthState.GROWING, sid in pending,
-                           waited is None or waited < overdue_after, state, demand, sid))
+        candidates.append((not est.allowed, sid in pending,
+                           waited is None or waited < overdue_after, demand, sid))
     # Growers already running go first: taking a slot from a sandbox mid-growth to hand it
     # to an overdue one freezes both with half their memory allocated, and rotating probes
     # this way lets none finish. Overdue ones get the next slot that frees. Then sandboxes
@@ -382,7 +382,7 @@ def _hand_out_room(view: GateView, slots: int, candidates: list[_Candidate],
     slots_taken = Verdict(False, Why.SLOTS_TAKEN, f"{name}: all {slots} growth slots taken")
     used_bytes = 0
     num_slotted = 0
-    for _, _, on_time, _, demand, sid in candidates:
+    for _, _, on_time, demand, sid in candidates:
         if used_bytes + demand <= free_left:
             used_bytes += demand
             verdicts[sid] = Verdict(True, Why.FITS_ABOVE_LINE,
@@ -418,7 +418,7 @@ def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Cand
     """
     # Only candidates can hold a verdict that lets them grow (the rest have no growth or
     # are denied), so "does anything grow" is asked of them alone.
-    if not candidates or any(verdicts[c[5]].allowed for c in candidates):
+    if not candidates or any(verdicts[sid].allowed for *_, sid in candidates):
         return
     smallest = min(demand for *_, demand, _ in candidates)
     plateaus = sum(bytes_ for sid, bytes_ in view.gives_back.items()
@@ -428,8 +428,8 @@ def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Cand
         plateaus = 0
     if view.headroom_bytes + view.reclaimable_bytes + plateaus >= smallest:
         return
-    running = [(demand, sid) for paused, _, _, _, demand, sid in candidates if not paused]
-    pool = running or [(demand, sid) for _, _, on_time, _, demand, sid in candidates
+    running = [(demand, sid) for paused, _, _, demand, sid in candidates if not paused]
+    pool = running or [(demand, sid) for _, _, on_time, demand, sid in candidates
                        if not on_time]
     if not pool:
         return
@@ -443,8 +443,7 @@ def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Cand
                                    f"{name} overdue probe: nothing else may grow")
 
 
-def _outgrown_kept_under_green(view: GateView, config: PolicyConfig,
-                               demands: Mapping[str, int], *,
+def _outgrown_kept_under_green(view: GateView, config: PolicyConfig, *,
                                waiting: Mapping[str, str]) -> dict[str, Verdict]:
     """Held sandboxes that stay held under green: those that outgrew their prediction and
     whose measured demand exceeds H. `waiting` (held for outgrowing after others) neither
@@ -466,10 +465,10 @@ def _outgrown_kept_under_green(view: GateView, config: PolicyConfig,
     for sid, est in view.estimates.items():
         if sid in waiting:
             continue
-        demand = demands[sid]
+        cap = view.growth_caps.get(sid)
+        demand = gate_demand_bytes(est, cap, config)
         since = view.denied_since.get(sid)
-        if (since is not None and is_outgrown(est, view.growth_caps.get(sid))
-                and demand > view.headroom_bytes):
+        if since is not None and is_outgrown(est, cap) and demand > view.headroom_bytes:
             kept[sid] = (demand, since)
         elif demand > 0 and est.allowed and est.rate_bytes_per_s is not None:
             others_grow = True  # measured and running: a start not yet launched is not
