@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tenon.errors import CgroupUnavailable, ConfigError, HostError
-from tenon.host.cgroupfs import read_int, read_keyed, read_text
+from tenon.host.cgroupfs import (
+    keyed_value,
+    read_int,
+    read_keyed,
+    read_raw,
+    read_raw_if_present,
+    read_text,
+)
 from tenon.host.layout import CgroupLayout
 from tenon.host.psi import read_pressure
 from tenon.host.types import CgroupVersion, GateResult, MemoryReading, PressureReading
@@ -130,31 +137,34 @@ class SandboxCgroup:
         self.layout.io.write(self._dir("memory") / "memory.high", value)
 
     def reading(self) -> MemoryReading:
-        mem = self._dir("memory")
+        # Bare os reads on string paths: the execution loop takes the domain's reading every
+        # period, through a fresh object each time (pathlib costs more than the reads).
+        mem = str(self._dir("memory"))
         if self._v1:
-            usage_file = mem / "memory.memsw.usage_in_bytes"
-            if not usage_file.exists():
-                usage_file = mem / "memory.usage_in_bytes"
-            peak_file = mem / "memory.memsw.max_usage_in_bytes"
-            if not peak_file.exists():
-                peak_file = mem / "memory.max_usage_in_bytes"
-            limit = read_int(mem / "memory.limit_in_bytes")
-            cpu_s = read_int(self._dir("cpuacct") / "cpuacct.usage") / 1e9
-            ooms = read_keyed(mem / "memory.oom_control").get("oom_kill", 0)
-            return MemoryReading(read_int(usage_file), read_int(peak_file),
+            limit = int(read_raw(f"{mem}/memory.limit_in_bytes"))
+            cpu_s = int(read_raw(f"{self._dir('cpuacct')}/cpuacct.usage")) / 1e9
+            ooms = keyed_value(read_raw(f"{mem}/memory.oom_control"), b"oom_kill")
+            usage = read_raw_if_present(f"{mem}/memory.memsw.usage_in_bytes")
+            if usage is None:
+                usage = read_raw(f"{mem}/memory.usage_in_bytes")
+            peak = read_raw_if_present(f"{mem}/memory.memsw.max_usage_in_bytes")
+            if peak is None:
+                peak = read_raw(f"{mem}/memory.max_usage_in_bytes")
+            return MemoryReading(int(usage), int(peak),
                                  None if limit >= UNLIMITED_V1_BYTES else limit, cpu_s, ooms)
-        usage = read_int(mem / "memory.current")
-        swap = mem / "memory.swap.current"
-        if swap.exists():
-            usage += read_int(swap)
-        peak_file = mem / "memory.peak"  # absent before Linux 5.19
-        peak = max(read_int(peak_file), usage) if peak_file.exists() else usage
-        limit_text = read_text(mem / "memory.max").strip()
-        cpu_stat = mem / "cpu.stat"  # present even when the cpu controller is not enabled
-        cpu_s = read_keyed(cpu_stat).get("usage_usec", 0) / 1e6 if cpu_stat.exists() else 0.0
-        ooms = read_keyed(mem / "memory.events").get("oom_kill", 0)
-        max_bytes = None if limit_text == "max" else int(limit_text)
-        return MemoryReading(usage, peak, max_bytes, cpu_s, ooms)
+        usage_bytes = int(read_raw(f"{mem}/memory.current"))
+        swap = read_raw_if_present(f"{mem}/memory.swap.current")
+        if swap is not None:
+            usage_bytes += int(swap)
+        peak = read_raw_if_present(f"{mem}/memory.peak")  # absent before Linux 5.19
+        peak_bytes = usage_bytes if peak is None else max(int(peak), usage_bytes)
+        limit_text = read_raw(f"{mem}/memory.max").strip()
+        # cpu.stat is present even when the cpu controller is not enabled
+        cpu_stat = read_raw_if_present(f"{mem}/cpu.stat")
+        cpu_s = 0.0 if cpu_stat is None else keyed_value(cpu_stat, b"usage_usec") / 1e6
+        ooms = keyed_value(read_raw(f"{mem}/memory.events"), b"oom_kill")
+        max_bytes = None if limit_text == b"max" else int(limit_text)
+        return MemoryReading(usage_bytes, peak_bytes, max_bytes, cpu_s, ooms)
 
     def reset_peak(self) -> bool:
         """Restart the high-water mark at the current usage, so the next reading's peak is

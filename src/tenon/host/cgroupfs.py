@@ -57,6 +57,44 @@ class KernelIO:
             os.kill(pid, sig)
 
 
+def read_raw(path: str) -> bytes:
+    """One small cgroup file's bytes through bare os calls (no pathlib or text layer: for
+    readings taken every control period); HostError when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HostError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def read_raw_if_present(path: str) -> bytes | None:
+    """`read_raw`, or None when the file does not exist (an optional interface file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise HostError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        return os.read(fd, 4096)
+    except OSError as exc:
+        raise HostError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def keyed_value(raw: bytes, key: bytes) -> int:
+    """The value of `key` in a flat-keyed file's bytes (0 when absent)."""
+    for line in raw.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            return int(parts[1])
+    return 0
+
+
 def read_text(path: Path) -> str:
     try:
         return path.read_text()
