@@ -114,13 +114,15 @@ class GrowthEstimator:
                 and cur.cpu_usage_s > prev.cpu_usage_s
             )
             if not valid or prev is None:
-                self._estimates[sid] = GrowthEstimate(
-                    sid,
-                    old.rate_bytes_per_s,
-                    old.last_growth_at,
-                    cur.allowed,
-                    old.num_valid_intervals,
-                )
+                if old.allowed != cur.allowed:  # else unchanged: estimates are immutable
+                    old = GrowthEstimate(
+                        sid,
+                        old.rate_bytes_per_s,
+                        old.last_growth_at,
+                        cur.allowed,
+                        old.num_valid_intervals,
+                    )
+                self._estimates[sid] = old
                 continue
             rate_now = (cur.usage_bytes - prev.usage_bytes) / (cur.now - prev.now)
             if old.rate_bytes_per_s is None:
