@@ -460,19 +460,20 @@ def _outgrown_kept_under_green(view: GateView, config: PolicyConfig, *,
     and neither tearing down every idle sandbox nor the end of every other running action
     would make room, waiting cannot help: the smallest goes.
     """
+    estimates, caps = view.estimates, view.growth_caps
     kept: dict[str, tuple[int, float]] = {}
-    others_grow = False
-    for sid, est in view.estimates.items():
-        if sid in waiting:
+    for sid, since in view.denied_since.items():
+        est = estimates.get(sid)
+        if est is None or sid in waiting or not is_outgrown(est, caps.get(sid)):
             continue
-        cap = view.growth_caps.get(sid)
-        demand = gate_demand_bytes(est, cap, config)
-        since = view.denied_since.get(sid)
-        if since is not None and is_outgrown(est, cap) and demand > view.headroom_bytes:
+        demand = gate_demand_bytes(est, caps.get(sid), config)
+        if demand > view.headroom_bytes:
             kept[sid] = (demand, since)
-        elif demand > 0 and est.allowed and est.rate_bytes_per_s is not None:
-            others_grow = True  # measured and running: a start not yet launched is not
-    if kept and not others_grow:
+    if kept and not any(  # measured and running: a start not yet launched is not
+            est.allowed and est.rate_bytes_per_s is not None
+            and sid not in kept and sid not in waiting
+            and gate_demand_bytes(est, caps.get(sid), config) > 0
+            for sid, est in estimates.items()):
         sid = min(kept, key=lambda s: (kept[s][0], s))
         demand, since = kept[sid]
         ends_free = sum(view.gives_back.get(s, 0) for s in view.estimates
