@@ -194,7 +194,7 @@ class ExecutionLoop:
         """The frozen view the policy decides on (at a boundary: no new samples)."""
         budget = known_budget_bytes(self._domain.budget_bytes, reading.usage_bytes, self._config)
         return TickSnapshot(now, budget, reading.usage_bytes,
-                            tuple(a.observed() for a in actions), samples,
+                            tuple([a.observed() for a in actions]), samples,
                             num_oom_kills=reading.num_oom_kills)
 
     def act(self, plan: TickPlan, seen: Observation) -> None:
@@ -202,9 +202,10 @@ class ExecutionLoop:
 
         Everything from observing to actuating runs without an await: an action that ends
         meanwhile could otherwise see its sandbox frozen after it returned."""
-        by_id = {a.action_id: a for a in seen.started}
-        self._act_on_gate(plan, by_id)
-        self._act_on_throttles(plan.throttles, by_id)
+        if plan.changes or plan.throttles:  # most periods change nothing
+            by_id = {a.action_id: a for a in seen.started}
+            self._act_on_gate(plan, by_id)
+            self._act_on_throttles(plan.throttles, by_id)
         self._record(seen.snapshot, plan.pressure, seen.started, seen.num_admitted,
                      plan.reclaimable_bytes)
 
@@ -218,19 +219,22 @@ class ExecutionLoop:
         return plan.pressure
 
     def _sample(self, now: float, started: list[RunningAction]) -> list[SandboxSample]:
+        # Runs for every started action every period, so the loop keeps to locals.
         samples: list[SandboxSample] = []
+        append = samples.append
         for action in started:
-            assert action.meter is not None
+            meter = action.meter
+            assert meter is not None
             try:
-                usage_bytes, cpu_usage_s = action.meter.sample()
+                usage_bytes, cpu_usage_s = meter.sample()
             except (HostError, OSError) as exc:  # the sandbox vanished between listing and read
                 logger.debug("sample of %s failed: %r", action.gate_id, exc)
                 continue
             action.last_usage_bytes = usage_bytes
-            if action.stats is not None:
-                action.stats.add(now, usage_bytes)
-            samples.append(
-                SandboxSample(action.gate_id, now, usage_bytes, cpu_usage_s, action.allowed))
+            stats = action.stats
+            if stats is not None:
+                stats.add(now, usage_bytes)
+            append(SandboxSample(action.gate_id, now, usage_bytes, cpu_usage_s, action.allowed))
         return samples
 
     def _act_on_gate(self, plan: TickPlan, by_id: dict[str, RunningAction]) -> None:
