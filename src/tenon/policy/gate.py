@@ -420,7 +420,7 @@ def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Cand
     # are denied), so "does anything grow" is asked of them alone.
     if not candidates or any(verdicts[sid].allowed for *_, sid in candidates):
         return
-    smallest = min(demand for *_, demand, _ in candidates)
+    smallest = min(demand for _, _, _, demand, _ in candidates)
     plateaus = sum(bytes_ for sid, bytes_ in view.gives_back.items()
                    if sid in verdicts and verdicts[sid].allowed)
     if (longest_wait >= config.plateau_patience_s
