@@ -10,7 +10,7 @@ from tenon.policy import AdmissionController, PolicyConfig, Pressure
 from tenon.policy.control import ControlPolicy, ControlSnapshot
 from tenon.policy.execution import ActionObs, ExecutionPolicy, TickSnapshot
 from tenon.policy.growth import SandboxSample
-from tenon.policy.pressure import classify_pressure
+from tenon.policy.pressure import classify_pressure, yellow_line_bytes
 from tenon.policy.reclaim import (
     AgentObs,
     WaitingWork,
@@ -204,10 +204,13 @@ def test_under_yellow_idle_sandboxes_go_last_ranked_first_for_queued_work() -> N
     admission.submit(make_request_for("queued", peak_bytes=600 * MIB, avg_bytes=600 * MIB))
     agents = [make_agent(f"ag-{i}", idle_bytes=400 * MIB, rank=float(i), predicted_wait_s=60.0)
               for i in range(4)]
-    usage = 4 * GIB - 1200 * MIB  # H below the yellow line
+    config = PolicyConfig()
+    yellow_line = int(yellow_line_bytes(4 * GIB, config))
+    usage = 4 * GIB - config.safety_margin(4 * GIB) - (yellow_line - 80 * MIB)
     plan = policy.step(snapshot([], agents, usage_bytes=usage, slots=LifecycleSlots(3)))
     assert plan.pressure.level is Pressure.YELLOW
-    # H is ~944 MiB against a 1 GiB yellow line plus 600 MiB queued: two 400 MiB sandboxes
+    # H is 80 MiB under the yellow line with 600 MiB queued: 680 MiB short, which takes
+    # two 400 MiB sandboxes
     assert [t.agent_id for t in plan.teardowns] == ["ag-3", "ag-2"]
     assert all("yellow: reclaim for" in t.why for t in plan.teardowns)
 

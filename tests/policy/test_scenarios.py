@@ -16,6 +16,7 @@ from tenon.policy import (
     residency_decision,
 )
 from tenon.policy.admission import AdmissionController, Prediction, past_peak_charge
+from tenon.policy.pressure import red_line_bytes, yellow_line_bytes
 from tenon.replay.gate_bench import bench_gate
 
 from .factories import MIB, gate_decision, make_config, make_idle, make_request, make_sample
@@ -101,19 +102,46 @@ def test_unknown_config_key_is_rejected_by_name() -> None:
 def test_pressure_red_takes_priority() -> None:
     config = PolicyConfig()
     budget = 4096 * MIB
+    margin = config.safety_margin(budget)
+    red_line = red_line_bytes(budget, config)
+    yellow_line = yellow_line_bytes(budget, config)
     assert classify_pressure(budget, 0, 0, config).level is Pressure.GREEN
-    yellow = classify_pressure(budget, budget - 256 * MIB - 700 * MIB, 0, config)
+    in_yellow = int((red_line + yellow_line) / 2)
+    yellow = classify_pressure(budget, budget - margin - in_yellow, 0, config)
     assert yellow.level is Pressure.YELLOW
-    red = classify_pressure(budget, budget - 256 * MIB - 300 * MIB, budget, config)
+    in_red = int(red_line / 2)
+    red = classify_pressure(budget, budget - margin - in_red, budget, config)
     assert red.level is Pressure.RED  # physical red wins over everything
 
 
 def test_predicted_growth_raises_yellow_never_red() -> None:
     config = PolicyConfig()
     budget = 4096 * MIB
-    assert classify_pressure(budget, 0, 3000 * MIB, config).level is Pressure.YELLOW
+    margin = config.safety_margin(budget)
+    promised_to_yellow = budget - margin - int(yellow_line_bytes(budget, config)) + MIB
+    assert classify_pressure(budget, 0, promised_to_yellow, config).level is Pressure.YELLOW
     assert classify_pressure(budget, 0, budget, config).level is Pressure.YELLOW
     assert classify_pressure(budget, 0, 100 * MIB, config).level is Pressure.GREEN
+
+
+def test_the_reserves_scale_with_the_budget() -> None:
+    """S is a fraction of the budget up to its cap, and the regions are fractions: what
+    Tenon holds back (S plus both regions) is the same share of a small budget as of a
+    large one, until S reaches its cap."""
+    config = PolicyConfig()
+    assert config.safety_margin(8 << 30) == config.safety_margin_bytes  # capped
+    assert config.safety_margin(1 << 30) == int((1 << 30) * config.safety_margin_fraction)
+
+    def held_back_share(budget: int) -> float:
+        return (config.safety_margin(budget) + yellow_line_bytes(budget, config)) / budget
+
+    assert held_back_share(1536 * MIB) == pytest.approx(held_back_share(3 << 30))
+    assert held_back_share(1536 * MIB) < 0.2
+    # the first byte of yellow is where H meets the yellow line
+    budget = 1536 * MIB
+    first_yellow = budget - config.safety_margin(budget) - int(yellow_line_bytes(budget, config))
+    assert classify_pressure(budget, first_yellow - MIB, 0, config).level is Pressure.GREEN
+    assert classify_pressure(budget, first_yellow + MIB, 0, config).level is Pressure.YELLOW
 
 
 def test_residency_never_tears_down_resident_only() -> None:

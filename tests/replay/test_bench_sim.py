@@ -29,7 +29,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 POLICY_KEYS = {"makespan_s", "p50_latency_s", "peak_memory_bytes", "oom_events", "timeouts",
                "attempts", "failed_attempts", "completed", "restartable_share", "vs_bound",
-               "safe"}
+               "safe", "teardowns", "rebuilds", "lifecycle_s", "cpu", "cpu_vs_floor"}
 
 
 def make_workflow(wid: str, *, peak_mib: int = 300, steps: int = 3, submit_s: float = 0.0,
@@ -93,6 +93,14 @@ def test_bench_runs_every_policy_with_retries_and_writes_the_exact_keys(tmp_path
         share = sum(judged) / len(judged) if judged else None
         assert figures["restartable_share"] == pytest.approx(share, abs=1e-4)
     assert summary["policies"]["tenon"]["restartable_share"] == 1.0  # the sim leaves nothing
+    for name, figures in summary["policies"].items():  # the counts the event log records
+        events = list(read_events(tmp_path / "run" / name / "events.jsonl"))
+        assert figures["teardowns"] == sum(
+            e["kind"] == "teardown" and e["outcome"] != "kept_resident" for e in events)
+        assert figures["rebuilds"] == sum(e["kind"] == "rebuild" for e in events)
+        assert figures["cpu"]["controller_s"] > 0.0  # the simulator's host costs nothing else
+        assert figures["cpu_vs_floor"] is None  # no floor in this run
+    assert summary["policies"]["tenon"]["teardowns"] > 0
     written = draw(tmp_path / "run")
     assert [p.name for p in written] == ["table.md", "delays.md", "timeline.png", "bars.png"]
     assert all(p.stat().st_size > 0 for p in written)
@@ -309,6 +317,7 @@ def test_every_policy_is_judged_against_the_bound_and_the_best_safe_baseline(
     assert safe_baselines[best] == min(safe_baselines.values())
     table = table_markdown(summary)
     assert f"floor (unconstrained) {summary['floor_makespan_s']:.1f} s" in table
+    assert "| policy | teardowns | rebuilds |" in table
     assert f"no OOM kill): {summary['best_safe_baseline']}." in table
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tenon.policy.config import PAPER_RESERVES
 from tenon.replay.bench import BenchConfig, run_bench
 from tenon.runtime.events import read_events
 
@@ -55,15 +56,20 @@ DECISION_FIELDS: dict[str, tuple[str, ...]] = {
 # A sandbox id ends in a random suffix after its generation: agent-00030-g1-cc4b0cce.
 _SANDBOX_SUFFIX = re.compile(r"(-g\d+)-[0-9a-f]{8}$")
 
+# The logs were recorded with the paper's reserves: pinned, so that a change of defaults
+# does not pass for a change of decisions.
+RECORDED_WITH = PAPER_RESERVES
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     # every policy at trace times, 3 GiB: yellow pressure, reclaim, rebuilds
     "all-policies-3gib": {"budget_bytes": 3 * GIB, "speed": 10.0,
                           "policies": ["tenon", "eager", "static-4", "reservation",
-                                       "agentcgroup"]},
+                                       "agentcgroup"],
+                          "policy_config": RECORDED_WITH},
     # a 5 s burst into 2 GiB: red pressure, held starts, an OOM kill and its retry
     "burst-2gib": {"budget_bytes": 2 * GIB, "speed": 10.0, "qps": 9.0, "window_s": 5.0,
                    "policies": ["tenon", "tenon-static-predictor", "tenon-no-gate"],
-                   "policy_config": {"lifecycle_limit": 4}},
+                   "policy_config": {**RECORDED_WITH, "lifecycle_limit": 4}},
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
 from tenon.host.types import CgroupVersion
-from tenon.policy.config import PolicyConfig
+from tenon.policy.config import PAPER_RESERVES, PolicyConfig
 from tenon.predict.base import Prediction
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
@@ -46,6 +46,8 @@ def run_with_runtime(
     clock = FakeClock()
     domain = SimDomain(budget_bytes, version=version)
     backend = SimBackend(domain, clock)
+    # the scenarios' sizes are laid out against the paper's reserves
+    config = config or PolicyConfig(**PAPER_RESERVES)
 
     async def main() -> Any:
         runtime = Runtime(domain=domain, backend=backend, state_dir=tmp_path / "state",
@@ -242,7 +244,8 @@ def test_controller_restart_recovers_torn_down_agents_from_their_records(
 
     def make() -> Runtime:
         return Runtime(domain=domain, backend=backend, state_dir=tmp_path, clock=clock,
-                       blocking=run_inline, keep_events=True)
+                       blocking=run_inline, keep_events=True,
+                       config=PolicyConfig(**PAPER_RESERVES))
 
     async def main() -> tuple[str, str]:
         first = make()
@@ -586,7 +589,7 @@ def test_an_action_past_its_peak_gives_its_charge_back_to_admission(tmp_path: Pa
 
     # a 1.2 GiB window: filler 500 MiB + heavy ~385 MiB (water level) leave no room for
     # the light one's 500 MiB until the heavy one falls back to its 100 MiB average
-    config = PolicyConfig(admission_window_bytes=1229 * MIB)
+    config = PolicyConfig(**PAPER_RESERVES, admission_window_bytes=1229 * MIB)
     heavy, light, light_done, passed = run_with_runtime(
         tmp_path, body, budget_bytes=4 * GIB, predictor=_ByPeak(), config=config)
     assert heavy.outcome is Outcome.OK
@@ -769,7 +772,7 @@ def test_a_heavy_prediction_that_stays_small_starts_without_emptying_the_domain(
     no idle sandbox is torn down for a run that needs 30 MiB."""
     result, held, teardowns, _ = run_with_runtime(
         tmp_path, _idle_then_test(load(20, 30, 1.0)), budget_bytes=3 * GIB,
-        predictor=_TestsLookHeavy(), config=PolicyConfig(reclaim_min_idle_s=0.0))
+        predictor=_TestsLookHeavy(), config=PolicyConfig(**PAPER_RESERVES, reclaim_min_idle_s=0.0))
     assert result.outcome is Outcome.OK
     assert not held
     assert not teardowns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tenon.policy.config import PAPER_RESERVES, PolicyConfig
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.simulate import SimAction, SimWorkflow, simulate
@@ -79,7 +80,9 @@ def test_sandbox_that_keeps_growing_is_held_under_red_with_one_probe() -> None:
     grower = SimAction(600 * MIB, 700 * MIB, 20.0, 0)
     workflows = [SimWorkflow([grower]), SimWorkflow([grower])]
     predictor = FixedPredictor(50 * MIB, 100 * MIB)
-    report = simulate(workflows, budget_bytes=GIB, policy="tenon", predictor=predictor)
+    # the paper's reserves: the default, smaller ones hold the second grower before red
+    report = simulate(workflows, budget_bytes=GIB, policy="tenon", predictor=predictor,
+                      config=PolicyConfig(**PAPER_RESERVES))
     assert report.num_oom_kills == 0
     assert all(r.completed for r in report.runs)
     denials = [e for e in report.of_kind("gate") if not e["allowed"]]

@@ -7,6 +7,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MIB = 1024 * 1024
 
 
+PAPER_RESERVES: dict[str, float] = {
+    "safety_margin_fraction": 1.0, "red_fraction": 0.125, "yellow_fraction": 0.125}
+"""The paper's reserves (a fixed 256 MiB margin, 12.5% regions), as `PolicyConfig` fields:
+what the defaults scale down for budgets under 8 GiB."""
+
+
 class PolicyConfig(BaseModel):
     """Parameters of pressure, admission, residency and the execution gate.
 
@@ -36,7 +42,8 @@ class PolicyConfig(BaseModel):
         description="Projected demand of a sandbox until its first valid sample.")
     safety_margin_bytes: int = Field(
         default=256 * MIB, ge=0,
-        description="S in H = max(limit - usage - S, 0): room for growth between samples.")
+        description="S in H = max(limit - usage - S, 0), at most: room for growth between "
+        "samples (the paper's value, 3% of its 8 GB host).")
     yellow_b0: int = Field(
         default=1, ge=1, description="Initial number of growing sandboxes under yellow.")
     yellow_bmax: int = Field(
@@ -51,11 +58,13 @@ class PolicyConfig(BaseModel):
         default=3.0, ge=0.0,
         description="A sandbox denied this long is considered before all others.")
     red_fraction: float = Field(
-        default=0.125, ge=0.0, le=1.0,
-        description="Red region: the lowest fraction of the budget as headroom.")
+        default=0.05, ge=0.0, le=1.0,
+        description="Red region: the lowest fraction of the budget as headroom (the paper's "
+        "12.5% holds back a quarter of a small budget with yellow).")
     yellow_fraction: float = Field(
-        default=0.125, ge=0.0, le=1.0,
-        description="Yellow region: the next fraction of the budget above red.")
+        default=0.05, ge=0.0, le=1.0,
+        description="Yellow region: the next fraction of the budget above red (the paper: "
+        "12.5%).")
     admission_window_bytes: int | None = Field(
         default=None, gt=0,
         description="Admission water-level window W; None: equal to the budget.")
@@ -78,6 +87,11 @@ class PolicyConfig(BaseModel):
         "cost, the model wait a teardown under green must amortize.")
 
     # -- what Tenon adds ----------------------------------------------------------------
+    safety_margin_fraction: float = Field(
+        default=1 / 16, gt=0.0, le=1.0,
+        description="S is this fraction of the budget, up to `safety_margin_bytes`: with "
+        "the paper's fixed 256 MiB and 12.5% regions a small budget is mostly held back "
+        "(a 1.5 GiB budget more than a third).")
     plateau_patience_s: float = Field(
         default=5.0, ge=0.0,
         description="How long a held grower waits for actions at their plateau to end "
@@ -130,6 +144,11 @@ class PolicyConfig(BaseModel):
         if self.red_fraction + self.yellow_fraction > 1.0:
             raise ValueError("red_fraction + yellow_fraction must not exceed 1.0")
         return self
+
+    def safety_margin(self, budget_bytes: int) -> int:
+        """S for a domain of `budget_bytes`: its `safety_margin_fraction`, at most
+        `safety_margin_bytes`."""
+        return min(self.safety_margin_bytes, int(self.safety_margin_fraction * budget_bytes))
 
     def window_bytes(self, budget_bytes: int) -> int:
         """The admission window W for a domain of `budget_bytes` (never below 1)."""

@@ -191,7 +191,8 @@ class ExecutionPolicy:
         pending = frozenset(a.gate_id for a in started if a.pending)
         decision = self.gate.decide(pressure.level, pressure.headroom_bytes, snap.now, caps,
                                     free_bytes=free, reclaimable_bytes=snap.reclaimable_bytes,
-                                    gives_back=gives_back, pending=pending)
+                                    gives_back=gives_back, pending=pending,
+                                    margin_bytes=self._config.safety_margin(snap.budget_bytes))
         # A grower frozen past overdue (it holds what it has allocated) is waited for:
         # no start launches until it runs again, or starts take the room it needs.
         self._starving = decision.starving

@@ -138,7 +138,8 @@ class GateView:
     sandboxes that do, overdue or not. `stalled_since` is when each sandbox was first
     denied outside green since it last had no demand (a probe's brief runs do not reset
     it, as they reset `denied_since`); it bounds the wait for plateaus to end, and
-    defaults to `denied_since`.
+    defaults to `denied_since`. `margin_bytes` is the domain's safety margin S (H + S is
+    the room under the limit itself); None: the config's cap, `safety_margin_bytes`.
     """
 
     estimates: Mapping[str, GrowthEstimate]
@@ -154,6 +155,7 @@ class GateView:
     gives_back: Mapping[str, int] = field(default_factory=dict)
     pending: frozenset[str] = frozenset()
     stalled_since: Mapping[str, float] | None = None
+    margin_bytes: int | None = None
 
     def demand_bytes(self, sid: str, config: PolicyConfig) -> int:
         return gate_demand_bytes(self.estimates[sid], self.growth_caps.get(sid), config)
@@ -424,7 +426,9 @@ def _liveness_probe(view: GateView, config: PolicyConfig, candidates: list[_Cand
     plateaus = sum(bytes_ for sid, bytes_ in view.gives_back.items()
                    if sid in verdicts and verdicts[sid].allowed)
     if (longest_wait >= config.plateau_patience_s
-            and smallest <= view.headroom_bytes + config.safety_margin_bytes):
+            and smallest <= view.headroom_bytes + (config.safety_margin_bytes
+                                                   if view.margin_bytes is None
+                                                   else view.margin_bytes)):
         plateaus = 0
     if view.headroom_bytes + view.reclaimable_bytes + plateaus >= smallest:
         return
@@ -537,6 +541,7 @@ class GateController:
         reclaimable_bytes: int = 0,
         gives_back: Mapping[str, int] | None = None,
         pending: frozenset[str] = frozenset(),
+        margin_bytes: int | None = None,
     ) -> GateDecision:
         self._aimd = self._aimd.step(pressure_level, now, self._config)
         caps = growth_caps or {}
@@ -550,6 +555,7 @@ class GateController:
             denied_since=self._denied_since, growth_caps=caps, free_bytes=free_bytes,
             reclaimable_bytes=reclaimable_bytes, outgrown_since=self._outgrown_since,
             gives_back=gives_back or {}, pending=pending, stalled_since=self._stalled_since,
+            margin_bytes=margin_bytes,
         ), self._config)
         # A stall lasts from the first denial outside green until green or no demand.
         if pressure_level is Pressure.GREEN:

@@ -28,7 +28,7 @@ class PressureState:
 
 def headroom_bytes(budget_bytes: int, usage_bytes: int, config: PolicyConfig) -> int:
     """Usable headroom H = max(limit - usage - S, 0)."""
-    return max(budget_bytes - usage_bytes - config.safety_margin_bytes, 0)
+    return max(budget_bytes - usage_bytes - config.safety_margin(budget_bytes), 0)
 
 
 def red_line_bytes(budget_bytes: int, config: PolicyConfig) -> float:

@@ -36,6 +36,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.predict.base import Predictor
 from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
+from tenon.replay.cpu import CpuMark, controller_seconds, cpu_spent
 from tenon.replay.driver import WorkflowRecord, replay
 from tenon.replay.loadprog import SCRATCH_DIR
 from tenon.replay.loop_lag import LoopLag
@@ -163,14 +164,18 @@ def yardsticks(summary: dict[str, Any]) -> None:
     memory bound and the longest workflow's own length: no policy can beat it. A run is
     safe when it completed every workflow with no OOM kill; the best safe baseline is the
     fastest safe run of the policies an operator would configure instead (static-N,
-    reservation)."""
+    reservation). `cpu_vs_floor` is a run's host CPU over the floor's, for the same work."""
     runs = summary["policies"]
     floor = runs.get("unconstrained", {}).get("makespan_s")
     summary["floor_makespan_s"] = floor
     bound = max(summary["makespan_bound_s"], summary["memory_bound_s"], floor or 0.0)
     summary["bound_s"] = round(bound, 3)
+    floor_cpu = runs.get("unconstrained", {}).get("cpu", {}).get("host_s")
     for figures in runs.values():
         figures["vs_bound"] = round(figures["makespan_s"] / bound, 3) if bound > 0 else None
+        host_cpu = figures.get("cpu", {}).get("host_s")
+        figures["cpu_vs_floor"] = (round(host_cpu / floor_cpu, 3)
+                                   if host_cpu is not None and floor_cpu else None)
         figures["safe"] = (figures["completed"] == summary["workflows"]
                            and figures["oom_events"] == 0)
     safe = [(figures["makespan_s"], name) for name, figures in runs.items()
@@ -200,6 +205,9 @@ def summarize(records: list[WorkflowRecord], peak_memory_bytes: int,
               tally: BoundaryTally | None = None) -> dict[str, Any]:
     latencies = [r.latency_s for r in records]
     share = None if tally is None or tally.share is None else round(tally.share, 4)
+    lifecycle = {} if tally is None else {
+        "teardowns": tally.num_teardowns, "rebuilds": tally.num_rebuilds,
+        "lifecycle_s": round(tally.lifecycle_s, 2)}
     return {
         "makespan_s": round(max((r.end_s for r in records), default=0.0), 3),
         "p50_latency_s": round(statistics.median(latencies), 3) if latencies else 0.0,
@@ -210,6 +218,7 @@ def summarize(records: list[WorkflowRecord], peak_memory_bytes: int,
         "failed_attempts": sum(r.failed_attempts for r in records),
         "completed": sum(r.completed for r in records),
         "restartable_share": share,  # of the action boundaries the restart-safe check judged
+        **lifecycle,
     }
 
 
@@ -241,14 +250,17 @@ async def run_policy(
     kwargs["backend_config"] = {"disposable": [SCRATCH_DIR]}
     api: dict[str, Any] = {}
     lag = LoopLag()
+    before = CpuMark.now()
     async with open_runtime(budget_bytes=budget, backend=config.backend,
                             state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt, \
             lag.running():
         records, api = await drive(rt, submissions, speed=config.speed,
                                    image_dir=config.state_dir, max_retries=config.max_retries,
                                    on_done=on_done)
-        peak = rt.domain.reading().peak_bytes
-    return {**summarize(records, peak, rt.boundary.tally), **lag.summary(), **api}
+        reading = rt.domain.reading()
+    cpu = cpu_spent(before, CpuMark.now(), reading.cpu_usage_s)
+    return {**summarize(records, reading.peak_bytes, rt.boundary.tally), "cpu": cpu,
+            **lag.summary(), **api}
 
 
 def runs_of(config: BenchConfig) -> list[tuple[str, str, bool]]:
@@ -275,10 +287,12 @@ async def _run_sim(config: BenchConfig, run_dir: Path, submissions: list[Submiss
         rt = Runtime(domain=domain, backend=SimBackend(domain, clock), state_dir=state,
                      clock=clock, blocking=run_inline, event_log=run_dir / "events.jsonl",
                      **kwargs)
+        before = controller_seconds()
         async with rt:
             records = await replay(rt, submissions, speed=config.speed,
                                    max_retries=config.max_retries, on_done=on_done)
-        return summarize(records, domain.peak_bytes, rt.boundary.tally)
+        return {**summarize(records, domain.peak_bytes, rt.boundary.tally),
+                "cpu": {"controller_s": round(controller_seconds() - before, 2)}}
 
     with tempfile.TemporaryDirectory(prefix="tenon-sim-") as tmp:
         return await run_simulated(main(Path(tmp)), clock, max_time_s=7 * 86_400)

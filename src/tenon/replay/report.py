@@ -53,6 +53,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             f"{p['p50_latency_s']:.1f} | {format_bytes(p['peak_memory_bytes'])} | "
             f"{p['oom_events']} | {p['timeouts']} | {p['attempts']} | {p['failed_attempts']} | "
             f"{'-' if share is None else f'{share:.1%}'} |")
+    lines += _cost_lines(summary)
     if "best_safe_baseline" in summary:
         best = summary["best_safe_baseline"]
         lines += ["", "Best safe baseline (static-N or reservation, every workflow completed, "
@@ -61,6 +62,28 @@ def table_markdown(summary: dict[str, Any]) -> str:
         lines += ["", f"Interrupted while running {meta['interrupted_during']}; "
                       "the policies above finished."]
     return "\n".join(lines) + "\n"
+
+
+def _cost_lines(summary: dict[str, Any]) -> list[str]:
+    """What each run cost besides its time: teardowns and rebuilds, and CPU-seconds by
+    where they went (optional: older summaries lack them)."""
+    runs = [(name, p) for name, p in summary["policies"].items() if "cpu" in p]
+    if not runs:
+        return []
+
+    def cell(value: float | int | None, fmt: str = "{:.1f}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    lines = ["", "| policy | teardowns | rebuilds | lifecycle (s) | host CPU (s) | sandboxes | "
+                 "controller | other | CPU vs floor |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, p in runs:
+        cpu = p["cpu"]
+        lines.append(
+            f"| {name} | {cell(p.get('teardowns'), '{}')} | {cell(p.get('rebuilds'), '{}')} | "
+            f"{cell(p.get('lifecycle_s'))} | {cell(cpu.get('host_s'))} | "
+            f"{cell(cpu.get('sandboxes_s'))} | {cell(cpu.get('controller_s'))} | "
+            f"{cell(cpu.get('other_s'))} | {cell(p.get('cpu_vs_floor'), '{:.2f}x')} |")
+    return lines
 
 
 def _bounds(summary: dict[str, Any]) -> list[str]:

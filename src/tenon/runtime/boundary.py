@@ -66,10 +66,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BoundaryTally:
-    """Action boundaries the restart-safe check judged, and how many were restartable."""
+    """Action boundaries the restart-safe check judged, and how many were restartable;
+    teardowns and rebuilds carried out, and the wall time they took."""
 
     num_checked: int = 0
     num_restartable: int = 0
+    num_teardowns: int = 0
+    num_rebuilds: int = 0
+    lifecycle_s: float = 0.0
 
     def add(self, restartable: bool) -> None:
         self.num_checked += 1
@@ -267,8 +271,11 @@ class Boundary:
             state.blocked_reason = str(exc)
             raise
         state.phase, state.blocked_reason = state.phase.after_rebuild(), None
+        took = rt.clock.now() - start
+        self.tally.num_rebuilds += 1
+        self.tally.lifecycle_s += took
         rt.events.emit("rebuild", agent_id=state.agent_id, sandbox_id=sandbox.spec.sandbox_id,
-                       predictive=predictive, duration_s=round(rt.clock.now() - start, 4))
+                       predictive=predictive, duration_s=round(took, 4))
         return sandbox
 
     def _pressure_without(self, agent_id: str) -> PressureState:
@@ -327,13 +334,15 @@ class Boundary:
         result: TeardownResult | None = None
         try:
             result = await rt.residency.teardown(state.agent_id)
+            took = rt.clock.now() - start
+            self.tally.lifecycle_s += took
             if result.outcome != "kept_resident":
                 state.phase = state.phase.after_teardown()
+                self.tally.num_teardowns += 1
             elif result.step != "held":  # an edit or a command alongside: not the check's no
                 state.restartable = False  # the protocol's own check said no: keep it
             rt.events.emit("teardown", agent_id=state.agent_id, outcome=result.outcome,
-                           reason=result.reason, why=why,
-                           duration_s=round(rt.clock.now() - start, 4))
+                           reason=result.reason, why=why, duration_s=round(took, 4))
         except Exception:
             logger.exception("teardown of %s failed", state.agent_id)
         finally:

@@ -96,7 +96,7 @@ def region_lines(runtime: Runtime) -> tuple[int | None, int | None]:
     budget = runtime.domain.budget_bytes
     if budget is None:
         return None, None
-    base = budget - runtime.config.safety_margin_bytes
+    base = budget - runtime.config.safety_margin(budget)
     yellow = base - yellow_line_bytes(budget, runtime.config)
     red = base - red_line_bytes(budget, runtime.config)
     return max(int(yellow), 0), max(int(red), 0)
