@@ -273,3 +273,26 @@ def test_sample_reopens_a_cgroup_removed_and_made_again_behind_its_back(domain):
         proc.communicate()
     with pytest.raises(HostError, match="cannot sample cgroup of again"):
         box.sample()
+
+
+def cgroup_files_open(domain_name: str) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used, closed by now
+            continue
+        if target.startswith(str(CGROUP_ROOT)) and f"/{domain_name}/" in target:
+            found.append(target)
+    return sorted(found)
+
+
+def test_removing_the_domain_closes_every_sampled_file(domain):
+    boxes = [domain.sandbox(f"s{i}") for i in range(3)]
+    for box in boxes:
+        box.sample()
+    assert {Path(f).parent.name for f in cgroup_files_open(domain.name)} == {"s0", "s1", "s2"}
+    boxes[0].remove()
+    assert {Path(f).parent.name for f in cgroup_files_open(domain.name)} == {"s1", "s2"}
+    domain.remove()
+    assert cgroup_files_open(domain.name) == []
