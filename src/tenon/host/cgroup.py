@@ -192,7 +192,7 @@ class SandboxCgroup:
         The hot path: with 100 sandboxes sampled every 100 ms this runs 1,000 times a second.
         It keeps its files open and re-reads them with pread(2) at offset 0, where a cgroupfs
         file generates its content afresh: opening walks the path and costs several times the
-        read itself (`reading()` opens five files, through pathlib, and is for everything else).
+        read itself (`reading()` opens its five files each time and is for everything else).
         """
         with self._fds_lock:
             if self._sample_fds is not None:
