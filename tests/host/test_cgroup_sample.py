@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import HostError
+from tenon.host import cgroup as cgroup_module
 from tenon.host.domain import WorkloadDomain
 from tenon.host.fake import FakeCgroupV2Tree
 
@@ -85,3 +86,21 @@ def test_a_dropped_cgroup_object_closes_its_files(tmp_path):
     domain.adopt("a", "elsewhere")  # the domain forgets the old object for a new one
     del box
     assert open_files_under(tree.path("tenon/a")) == []
+
+
+def test_past_the_descriptor_cap_a_sample_reads_without_keeping(tmp_path, monkeypatch):
+    cap = cgroup_module._num_kept_fds + 4  # room for two sandboxes' files from here
+    monkeypatch.setattr(cgroup_module, "_max_kept_fds", lambda: cap)
+    tree, domain = make_domain(tmp_path, swap=False)
+    boxes = [domain.sandbox(name) for name in ("a", "b", "c")]
+    for i, box in enumerate(boxes):
+        tree.set_memory(f"tenon/{box.sandbox_id}", current=(i + 1) * MIB)
+    assert [box.sample()[0] for box in boxes] == [1 * MIB, 2 * MIB, 3 * MIB]
+    assert {Path(p).parent.name for p in open_files_under(tree.path("tenon"))} == {"a", "b"}
+    tree.set_memory("tenon/c", current=5 * MIB)
+    assert boxes[2].sample() == (5 * MIB, 0.0)  # read afresh each time, nothing left open
+    boxes[0].remove()  # gives its two back
+    boxes[2].sample()
+    assert {Path(p).parent.name for p in open_files_under(tree.path("tenon"))} == {"b", "c"}
+    domain.remove()
+    assert open_files_under(tmp_path) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import threading
 import time
@@ -53,11 +54,46 @@ def _read_sample(fds: _SampleFds) -> tuple[int, float]:
     return usage, 0.0
 
 
-def _close_kept(fds: _SampleFds | None) -> None:
+def _close_fds(fds: _SampleFds | None) -> None:
     if fds is not None:
         for fd in fds[:3]:
             if fd >= 0:
                 os.close(fd)
+
+
+# Descriptors kept open by every `sample` in the process, at most `_max_kept_fds()`: past
+# that a sample opens, reads and closes, so keeping files never exhausts RLIMIT_NOFILE
+# (a service's default soft limit is often 1,024) for other work or for the samples.
+_kept_lock = threading.RLock()  # reentrant: `__del__` may release from inside a reserve
+_num_kept_fds = 0
+
+
+def _max_kept_fds() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (1 << 20) if soft == resource.RLIM_INFINITY else soft // 2
+
+
+def _num_open(fds: _SampleFds) -> int:
+    return sum(fd >= 0 for fd in fds[:3])
+
+
+def _reserve_kept(fds: _SampleFds) -> bool:
+    global _num_kept_fds
+    num_fds, max_fds = _num_open(fds), _max_kept_fds()
+    with _kept_lock:
+        if _num_kept_fds + num_fds > max_fds:
+            return False
+        _num_kept_fds += num_fds
+        return True
+
+
+def _release_kept(fds: _SampleFds | None) -> None:
+    global _num_kept_fds
+    if fds is not None:
+        num_fds = _num_open(fds)
+        with _kept_lock:
+            _num_kept_fds -= num_fds
+        _close_fds(fds)
 
 
 @dataclass
@@ -203,8 +239,14 @@ class SandboxCgroup:
                     # a cgroup of the same name took its place: the paths decide, afresh.
                     self._close_sample_fds()
             try:
-                self._sample_fds = self._open_sample_fds()
-                return _read_sample(self._sample_fds)
+                fds = self._open_sample_fds()
+                if not _reserve_kept(fds):
+                    try:
+                        return _read_sample(fds)
+                    finally:
+                        _close_fds(fds)
+                self._sample_fds = fds
+                return _read_sample(fds)
             except OSError as exc:
                 self._close_sample_fds()
                 raise HostError(f"cannot sample cgroup of {self.sandbox_id}: {exc}") from exc
@@ -226,7 +268,7 @@ class SandboxCgroup:
 
     def _close_sample_fds(self) -> None:
         fds, self._sample_fds = self._sample_fds, None
-        _close_kept(fds)
+        _release_kept(fds)
 
     def close(self) -> None:
         """Close the files `sample` keeps open (idempotent; a later sample reopens them)."""
@@ -236,7 +278,7 @@ class SandboxCgroup:
     def __del__(self) -> None:
         # A cgroup object dropped without `remove` or `close` (say, replaced on re-adoption)
         # must not hold its descriptors until the process exits.
-        _close_kept(getattr(self, "_sample_fds", None))
+        _release_kept(getattr(self, "_sample_fds", None))
 
     def _resolve_sample_paths(self) -> tuple[str, str, str]:
         mem = self._dir("memory")
