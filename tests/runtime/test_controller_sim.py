@@ -878,3 +878,35 @@ def test_restartable_share_counts_every_judged_boundary(tmp_path: Path) -> None:
     assert stop["kind"] == "runtime_stop"
     assert (stop["boundaries"], stop["restartable_boundaries"]) == (3, 2)
     assert stop["restartable_share"] == pytest.approx(0.6667)
+
+
+def test_the_workflow_tenon_has_delayed_most_goes_first(tmp_path: Path) -> None:
+    """Admission ranks an action by when it would have been ready had Tenon never made its
+    workflow wait. B's first action waited 9 s behind C's, so B's second goes ahead of A's,
+    though A's was ready first and both workflows started together; by start time alone A
+    would go first, and a long workflow would collect one wait per action."""
+    config = PolicyConfig(admission_window_bytes=150 * MIB)  # room for one 100 MiB charge
+
+    async def body(rt, domain, backend, clock):
+        a, b, c, d = [await rt.create_agent(image="sim") for _ in range(4)]
+
+        async def at(t: float, agent: Any, *durations: float) -> None:
+            await clock.sleep(t - clock.now())
+            for duration in durations:
+                result = await agent.run(load(100, 100, duration), timeout=60)
+                assert result.outcome is Outcome.OK
+
+        await asyncio.gather(at(0.0, c, 10.0), at(1.0, b, 2.0, 2.0), at(10.5, d, 2.0),
+                             at(11.0, a, 2.0))
+        ids = {agent.id: name for name, agent in zip("abcd", (a, b, c, d), strict=True)}
+        return ([(ids[e["agent_id"]], e["t"]) for e in rt.events.of_kind("admit")],
+                {(ids[e["agent_id"]], e["t"]): e["rank_at"]
+                 for e in rt.events.of_kind("action_ready")})
+
+    admits, ranks = run_with_runtime(tmp_path, body, config=config)
+    assert [name for name, _ in admits] == ["c", "b", "d", "b", "a"]
+    # B's second action: ready at 12 s, after a 9 s wait for its first
+    (ready_t, rank), = [(t, r) for (name, t), r in ranks.items() if name == "b" and t > 5]
+    assert rank == pytest.approx(ready_t - 9.0, abs=0.2)
+    (a_rank,) = [r for (name, _), r in ranks.items() if name == "a"]
+    assert a_rank == pytest.approx(11.0, abs=0.2)  # never delayed before

@@ -257,14 +257,15 @@ def bench_gate_cmd(
     iterations: Annotated[int, typer.Option(help="Decisions timed.")] = 200,
     json_path: JsonOut = None,
 ) -> None:
-    """Time one execution-gate decision (observe + decide) for N sandboxes."""
-    from tenon.replay.gate_bench import bench_gate
+    """Time one execution-gate decision for N sandboxes (wall and CPU percentiles, and the
+    garbage collections that ran during timed decisions)."""
+    from tenon.replay.gate_bench import bench_gate_detail
 
     try:
         _check_sandboxes(sandboxes, what="--sandboxes")
         if json_path is not None:
             require_writable_file(json_path, what="--json")
-        result = bench_gate(sandboxes, iterations)
+        result = bench_gate_detail(sandboxes, iterations)
     except ValueError as exc:
         _fail(exc)
     _write_json(dict(result), json_path)

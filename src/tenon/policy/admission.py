@@ -5,7 +5,7 @@ Each admitted light action holds a logical charge `(1-a)*avg + a*peak` with
 (`admission_charge`). The charge is set at admission and released
 exactly once at completion; it only ever shrinks in between, when the action has passed
 its peak (`past_peak_charge`). Light and heavy actions queue separately but share
-the window, each served in workflow rank order (oldest workflow first;
+the window, each served in rank order (the workflow Tenon has delayed most first;
 `ActionRequest.rank_at`). The first ready heavy action accrues
 protected credit at `heavy_credit_rate_bytes_per_s` (beta); light actions may not admit into that
 credit, so once it covers the heavy action's charge, light admissions stop
@@ -34,8 +34,9 @@ class ActionRequest:
     prediction: Prediction
     ready_at: float
     rank_at: float | None = None
-    """The workflow's place in line: its start time. Queues serve the smallest rank first,
-    then readiness; None ranks by readiness alone."""
+    """The workflow's place in line: when this action would have been ready had Tenon never
+    made the workflow wait. Queues serve the smallest rank first, then readiness; None
+    ranks by readiness alone."""
 
     @property
     def queue_key(self) -> tuple[float, float]:
@@ -151,11 +152,10 @@ class AdmissionController:
             raise ValueError(f"action {req.action_id!r} is already queued or admitted")
         queue = self._heavy if is_heavy(req.prediction, self._config) else self._light
         queue.append(req)
-        # Workflow rank first, then readiness (stable: submission order breaks ties). Pure
-        # readiness order interleaves every live workflow, one action per trip through the
-        # queue, so all of them finish late and all of their sandboxes stay live or cycle
-        # through teardown and rebuild; serving in rank order (oldest first unless peers
-        # show more work left) drains them.
+        # Rank first, then readiness (stable: submission order breaks ties). Readiness alone
+        # makes a workflow wait once per action behind every other's, so the longest one
+        # collects the most waits and ends last; ranking by readiness less the delay a
+        # workflow has had spreads the delay over all of them.
         queue.sort(key=lambda r: r.queue_key)
 
     @property

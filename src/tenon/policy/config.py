@@ -10,7 +10,7 @@ MIB = 1024 * 1024
 PAPER_RESERVES: dict[str, float] = {
     "safety_margin_fraction": 1.0, "red_fraction": 0.125, "yellow_fraction": 0.125}
 """The paper's reserves (a fixed 256 MiB margin, 12.5% regions), as `PolicyConfig` fields:
-what the defaults scale down for budgets under 8 GiB."""
+the defaults keep less (the margin an eighth of a budget under 2 GiB, 5% regions)."""
 
 
 class PolicyConfig(BaseModel):
@@ -88,7 +88,7 @@ class PolicyConfig(BaseModel):
 
     # -- what Tenon adds ----------------------------------------------------------------
     safety_margin_fraction: float = Field(
-        default=1 / 16, gt=0.0, le=1.0,
+        default=1 / 8, gt=0.0, le=1.0,
         description="S is this fraction of the budget, up to `safety_margin_bytes`: with "
         "the paper's fixed 256 MiB and 12.5% regions a small budget is mostly held back "
         "(a 1.5 GiB budget more than a third).")

@@ -60,8 +60,8 @@ class IdleSandbox:
     predicted_wait_s: float = 0.0
     """Predicted time until the agent's next action is ready (the model wait)."""
     rank_at: float = 0.0
-    """The workflow's place in admission's line (`ActionRequest.rank_at`: its start time,
-    moved earlier by the work left). Admission serves the smallest first, so the largest
+    """The workflow's place in admission's line (`ActionRequest.rank_at`: its readiness less
+    the delay Tenon has made it wait). Admission serves the smallest first, so the largest
     ranks' sandboxes are the ones that will sit idle the longest."""
     queued: bool = False
     """Its agent's next action is ready and waiting for admission (known to be waiting)."""

@@ -52,8 +52,11 @@ class AgentState:
     """The task the workflow attempts; predictors share measurements between its attempts."""
     history: list[MeasuredAction] = field(default_factory=list)
     rank_at: float | None = None
-    """Its place in admission's line (`ActionRequest.rank_at`): its workflow's start time;
-    None until first ranked."""
+    """Its place in admission's line (`ActionRequest.rank_at`): when its next action would
+    have been ready had Tenon never made it wait; None until first ranked."""
+    delayed_s: float = 0.0
+    """How long Tenon has made this agent's actions wait to start (queued, rebuilding,
+    held), in all."""
     phase: Phase = Phase.NEW
     root_made: bool = False
     """A persistent root exists (made with the first sandbox, by a workspace edit, or

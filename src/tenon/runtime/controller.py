@@ -616,7 +616,7 @@ class Runtime:
                           issued_command: str, io: ExecIO | None) -> ActionResult:
         ready_at = self.clock.now()
         state.note_ready(ready_at)
-        self._rank(state)
+        self._rank(state, ready_at)
         klass = action_class or classify_action("Bash", issued_command)
         context = ActionContext(state.workflow or state.agent_id, issued_command, klass,
                                 len(state.history), state.family, state.task_prompt,
@@ -656,10 +656,12 @@ class Runtime:
             self.waker.notify()
 
     @staticmethod
-    def _rank(state: AgentState) -> None:
-        """Place the agent in line for its next action: its workflow's start time (oldest
-        first, so that started workflows finish instead of all finishing late)."""
-        state.rank_at = state.created_at
+    def _rank(state: AgentState, ready_at: float) -> None:
+        """Place the agent in line for its next action: when it would be ready had Tenon
+        never made it wait (the most delayed first). The delay is then spread over every
+        workflow instead of piling up on one: a long workflow behind every younger one's
+        actions, one wait per action, finishes last by the sum of its waits."""
+        state.rank_at = ready_at - state.delayed_s
 
     async def _execute(self, state: AgentState, action: RunningAction, sandbox: Sandbox,
                        command: str, context: ActionContext, timeout_s: float,
@@ -733,6 +735,7 @@ class Runtime:
                      meter: SandboxMeter) -> float:
         """The action starts: baselines for its OOM kills and peak, then its stats."""
         start = self.clock.now()
+        state.delayed_s += max(start - action.ready_at, 0.0)
         meter.new_oom_kills()  # the baseline: only kills during this action count
         # a mark left by an earlier, larger action would hide this one's peak between samples
         await self._blocking(meter.reset_peak)
