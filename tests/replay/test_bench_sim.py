@@ -135,6 +135,10 @@ def test_budget_smaller_than_the_largest_action_is_refused_by_name(tmp_path: Pat
     with pytest.raises(ConfigError, match="workflow huge step 0 peaks"):
         asyncio.run(run_bench(config(tmp_path, trace)))
     assert not (tmp_path / "run" / "tenon").exists()  # refused before anything ran
+    # a burst of the small one alone never runs the huge action: the budget is enough
+    summary = asyncio.run(run_bench(config(tmp_path, trace, qps=None, copies=2, of="small",
+                                           policies=["tenon"])))
+    assert summary["policies"]["tenon"]["completed"] == 2
 
 
 def test_malformed_trace_and_unknown_policy_fail_before_running(tmp_path: Path) -> None:

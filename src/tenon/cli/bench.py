@@ -171,13 +171,13 @@ def preflight(configs: list[tuple[Any, BenchConfig]]) -> None:
                 raise ConfigError(f"--policies: {exc}") from None
     trace = load_trace(configs[0][1].trace)
     for _, config in configs:
-        check_budget(trace, config.budget_bytes)
         if config.qps is not None:
             count = config.num_workflows or max(round(config.qps * config.window_s), 1)
             if count > MAX_SUBMISSIONS:
                 flag = "--workflows" if config.num_workflows else "--qps x --window"
                 raise ConfigError(f"{flag}: {count} workflows exceed the limit of "
                                   f"{MAX_SUBMISSIONS}")
+        check_budget(schedule_of(config, trace), config.budget_bytes)
         submissions = schedule_of(config, trace)
         ideal_s = makespan_bound_s(submissions, config.speed)
         if ideal_s > MAX_SUBMIT_S:

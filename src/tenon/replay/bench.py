@@ -183,9 +183,11 @@ def yardsticks(summary: dict[str, Any]) -> None:
     summary["best_safe_baseline"] = min(safe)[1] if safe else None
 
 
-def check_budget(trace: Trace, budget_bytes: int) -> None:
-    """Refuse a budget smaller than the largest single action: it could never run."""
-    worst = max(((s.action.memory.peak_bytes, w.id, i) for w in trace.workflows
+def check_budget(submissions: Sequence[Submission], budget_bytes: int) -> None:
+    """Refuse a budget smaller than the largest single action replayed: it could never
+    run."""
+    workflows = {sub.workflow.id: sub.workflow for sub in submissions}.values()
+    worst = max(((s.action.memory.peak_bytes, w.id, i) for w in workflows
                  for i, s in enumerate(w.steps)), default=(0, "", 0), key=lambda t: t[0])
     if worst[0] > budget_bytes:
         raise ConfigError(
@@ -323,8 +325,8 @@ async def run_bench(
         raise ConfigError(f"--via {config.via}: no E2B driver was given to the bench")
     PolicyConfig.model_validate(config.policy_config)
     trace = load_trace(config.trace)
-    check_budget(trace, config.budget_bytes)
     submissions = schedule_of(config, trace)
+    check_budget(submissions, config.budget_bytes)
     policy_config = PolicyConfig.model_validate(config.policy_config)
     static = profiled_static_predictor(trace, policy_config)
     heavy = policy_config.heavy_peak_bytes

@@ -96,9 +96,9 @@ async def child_main(config: FaultConfig) -> int:
     from tenon.runtime.open import open_runtime
 
     trace = load_trace(config.trace)
-    check_budget(trace, config.budget_bytes)
     submissions = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
                                 speed=config.speed, num_workflows=config.num_workflows)
+    check_budget(submissions, config.budget_bytes)
     policy_config = PolicyConfig.model_validate(config.policy_config)
     predictor = OnlinePredictor(profiled_static_predictor(trace, policy_config),
                                 heavy_peak_bytes=policy_config.heavy_peak_bytes)
