@@ -177,8 +177,8 @@ def preflight(configs: list[tuple[Any, BenchConfig]]) -> None:
                 flag = "--workflows" if config.num_workflows else "--qps x --window"
                 raise ConfigError(f"{flag}: {count} workflows exceed the limit of "
                                   f"{MAX_SUBMISSIONS}")
-        check_budget(schedule_of(config, trace), config.budget_bytes)
         submissions = schedule_of(config, trace)
+        check_budget(submissions, config.budget_bytes)
         ideal_s = makespan_bound_s(submissions, config.speed)
         if ideal_s > MAX_SUBMIT_S:
             raise ConfigError(f"at --speed {config.speed:g} the replay needs at least "

@@ -57,15 +57,19 @@ class KernelIO:
             os.kill(pid, sig)
 
 
+def _read_small(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def read_raw(path: str) -> bytes:
     """One small cgroup file's bytes through bare os calls (no pathlib or text layer: for
     readings taken every control period); HostError when it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            return os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        return _read_small(path)
     except OSError as exc:
         raise HostError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -73,17 +77,11 @@ def read_raw(path: str) -> bytes:
 def read_raw_if_present(path: str) -> bytes | None:
     """`read_raw`, or None when the file does not exist (an optional interface file)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return _read_small(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise HostError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        return os.read(fd, 4096)
-    except OSError as exc:
-        raise HostError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
 
 
 def keyed_value(raw: bytes, key: bytes) -> int:
