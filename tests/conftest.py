@@ -10,7 +10,17 @@ from typing import Any
 
 import pytest
 
-REAL_MARKERS = ("docker", "cgroups", "sandbox", "disk")
+REAL_MARKERS = ("docker", "cgroups", "sandbox", "disk", "vm")
+IN_VM = os.environ.get("TENON_IN_VM") == "1"  # set by the test VM's init (scripts/vm/guest-init.sh)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked vm run only inside the cgroup v2 test VM (scripts/vm/test.sh boots it and
+    runs them there); on the host they are deselected, not skipped. Inside the VM only they run."""
+    keep = [item for item in items if (item.get_closest_marker("vm") is not None) == IN_VM]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
 
 @pytest.hookimpl(hookwrapper=True)

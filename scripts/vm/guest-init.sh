@@ -1,0 +1,34 @@
+#!/bin/bash
+# PID 1 of the cgroup v2 test VM, started by the initramfs on the overlaid host root.
+# Mounts a pure cgroup v2 hierarchy with every controller enabled for children, runs the
+# command the host left in the shared io directory, writes its exit code there, powers off.
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+export TENON_IN_VM=1 PYTHONDONTWRITEBYTECODE=1
+[ -n "${CI:-}" ] || CI="$(sed -n 's/.*tenon\.ci=\([^ ]*\).*/\1/p' /proc/cmdline)"; export CI
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -p /dev/pts /dev/shm /run/lock
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
+for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+  echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control || echo "guest: cannot enable controller $c"
+done
+hostname tenon-vm
+ip link set lo up 2>/dev/null || true
+mkdir -p /mnt/io
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 io /mnt/io
+echo "guest: kernel $(uname -r), cgroup controllers: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+repo="$(sed -n 's/.*tenon\.repo=\([^ ]*\).*/\1/p' /proc/cmdline)"
+cd "$repo"
+bash /mnt/io/command </dev/null
+echo $? >/mnt/io/rc.tmp && mv /mnt/io/rc.tmp /mnt/io/rc
+sync
+umount /mnt/io 2>/dev/null
+echo o >/proc/sysrq-trigger
+sleep 10
