@@ -77,9 +77,9 @@ def _num_open(fds: _SampleFds) -> int:
     return sum(fd >= 0 for fd in fds[:3])
 
 
-def _reserve_kept(fds: _SampleFds) -> bool:
+def _reserve_count(num_fds: int) -> bool:
     global _num_kept_fds
-    num_fds, max_fds = _num_open(fds), _max_kept_fds()
+    max_fds = _max_kept_fds()
     with _kept_lock:
         if _num_kept_fds + num_fds > max_fds:
             return False
@@ -87,12 +87,19 @@ def _reserve_kept(fds: _SampleFds) -> bool:
         return True
 
 
-def _release_kept(fds: _SampleFds | None) -> None:
+def _release_count(num_fds: int) -> None:
     global _num_kept_fds
+    with _kept_lock:
+        _num_kept_fds -= num_fds
+
+
+def _reserve_kept(fds: _SampleFds) -> bool:
+    return _reserve_count(_num_open(fds))
+
+
+def _release_kept(fds: _SampleFds | None) -> None:
     if fds is not None:
-        num_fds = _num_open(fds)
-        with _kept_lock:
-            _num_kept_fds -= num_fds
+        _release_count(_num_open(fds))
         _close_fds(fds)
 
 
@@ -110,6 +117,9 @@ class SandboxCgroup:
     _fds_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _held_since: float | None = field(default=None, repr=False, compare=False)
     _held_total_s: float = field(default=0.0, repr=False, compare=False)
+    # v2: memory.peak opened and reset by `reset_peak`; the kernel keeps a reset per open
+    # file, so readings take the peak through this descriptor while it is open.
+    _peak_fd: int = field(default=-1, repr=False, compare=False)
 
     @property
     def _v1(self) -> bool:
@@ -172,6 +182,13 @@ class SandboxCgroup:
         value = "max" if high_bytes is None else str(high_bytes)
         self.layout.io.write(self._dir("memory") / "memory.high", value)
 
+    def set_oom_group(self, enabled: bool) -> None:
+        """v2 memory.oom.group: an OOM kill that picks a process in this cgroup kills every
+        process in it, not only the largest. v1 kills one process only."""
+        if self._v1:
+            raise CgroupUnavailable("memory.oom.group needs cgroup v2; v1 kills one process")
+        self.layout.io.write(self._dir("memory") / "memory.oom.group", "1" if enabled else "0")
+
     def reading(self) -> MemoryReading:
         # Bare os reads on string paths: the execution loop takes the domain's reading every
         # period, through a fresh object each time (pathlib costs more than the reads).
@@ -192,7 +209,9 @@ class SandboxCgroup:
         swap = read_raw_if_present(f"{mem}/memory.swap.current")
         if swap is not None:
             usage_bytes += int(swap)
-        peak = read_raw_if_present(f"{mem}/memory.peak")  # absent before Linux 5.19
+        peak = self._read_reset_peak()
+        if peak is None:
+            peak = read_raw_if_present(f"{mem}/memory.peak")  # absent before Linux 5.19
         peak_bytes = usage_bytes if peak is None else max(int(peak), usage_bytes)
         limit_text = read_raw(f"{mem}/memory.max").strip()
         # cpu.stat is present even when the cpu controller is not enabled
@@ -204,12 +223,14 @@ class SandboxCgroup:
 
     def reset_peak(self) -> bool:
         """Restart the high-water mark at the current usage, so the next reading's peak is
-        this action's own. True if it was reset: v1 resets on a write of 0; v2's memory.peak
-        resets only for the file descriptor that wrote it, which a later reading does not
-        share, so v2 (and a v1 cgroup already gone) returns False and the caller keeps the
-        mark it had."""
+        this action's own. True if it was reset; False (the caller keeps the mark it had)
+        where the kernel cannot, or the cgroup is gone.
+
+        v1 resets on a write of 0. v2's memory.peak (Linux 6.12 and later) resets only for
+        the open file that wrote it: this cgroup keeps that file open, and `reading` takes
+        the peak through it until `close` or `remove`."""
         if not self._v1:
-            return False
+            return self._reset_v2_peak()
         mem = self._dir("memory")
         reset = False
         for name in ("memory.max_usage_in_bytes", "memory.memsw.max_usage_in_bytes"):
@@ -221,6 +242,39 @@ class SandboxCgroup:
                 except OSError as exc:
                     logger.debug("cannot reset %s: %s", path, exc)
         return reset
+
+    def _reset_v2_peak(self) -> bool:
+        path = self._dir("memory") / "memory.peak"
+        with self._fds_lock:
+            self._close_peak_fd()
+            try:
+                fd = self.layout.io.open_reset(path)
+            except OSError as exc:  # a kernel before 6.12 (read-only), or the cgroup is gone
+                logger.debug("cannot reset %s: %s", path, exc)
+                return False
+            if not _reserve_count(1):
+                os.close(fd)
+                return False
+            self._peak_fd = fd
+            return True
+
+    def _read_reset_peak(self) -> bytes | None:
+        """memory.peak through the descriptor `reset_peak` left open, or None without one
+        (or once its cgroup is gone: the path decides afresh)."""
+        with self._fds_lock:
+            if self._peak_fd < 0:
+                return None
+            try:
+                return os.pread(self._peak_fd, _NUMBER_READ_BYTES, 0)
+            except OSError:
+                self._close_peak_fd()
+                return None
+
+    def _close_peak_fd(self) -> None:
+        fd, self._peak_fd = self._peak_fd, -1
+        if fd >= 0:
+            _release_count(1)
+            os.close(fd)
 
     def sample(self) -> tuple[int, float]:
         """(usage_bytes, cpu_usage_s): the two figures the execution loop needs each period.
@@ -271,14 +325,20 @@ class SandboxCgroup:
         _release_kept(fds)
 
     def close(self) -> None:
-        """Close the files `sample` keeps open (idempotent; a later sample reopens them)."""
+        """Close the files `sample` and `reset_peak` keep open (idempotent; a later sample
+        reopens its files; the peak is the cgroup's whole high-water mark again)."""
         with self._fds_lock:
             self._close_sample_fds()
+            self._close_peak_fd()
 
     def __del__(self) -> None:
         # A cgroup object dropped without `remove` or `close` (say, replaced on re-adoption)
         # must not hold its descriptors until the process exits.
         _release_kept(getattr(self, "_sample_fds", None))
+        peak_fd = getattr(self, "_peak_fd", -1)
+        if peak_fd >= 0:
+            _release_count(1)
+            os.close(peak_fd)
 
     def _resolve_sample_paths(self) -> tuple[str, str, str]:
         mem = self._dir("memory")
@@ -356,14 +416,20 @@ class SandboxCgroup:
         return self._held_total_s + current
 
     def kill_all(self, timeout_s: float = 5.0) -> None:
-        """SIGKILL every process until the cgroup is empty."""
+        """SIGKILL every process until the cgroup is empty (its descendants' too on v2)."""
         if not self.exists():
             return
         io = self.layout.io
-        # Signal first, then thaw: a frozen task keeps the SIGKILL pending and dies as soon as
-        # it is thawed, so nothing in the cgroup gets to run (or fork) in between.
-        for pid in self.pids():
-            io.kill(pid, signal.SIGKILL)
+        kill_file = None if self._v1 else self._dir("memory") / "cgroup.kill"
+        if kill_file is not None and kill_file.exists():
+            # Linux 5.14+: the kernel kills the whole subtree at once, frozen tasks and
+            # processes forked meanwhile included (no pid listing to race a fork).
+            io.write(kill_file, "1")
+        else:
+            # Signal first, then thaw: a frozen task keeps the SIGKILL pending and dies as
+            # soon as it is thawed, so nothing in the cgroup gets to run (or fork) between.
+            for pid in self.pids():
+                io.kill(pid, signal.SIGKILL)
         gate = self.dirs.get("freezer") if self._v1 else self.dirs.get("memory")
         if gate is not None and gate.is_dir():
             self.thaw()

@@ -32,6 +32,11 @@ class CgroupIO(Protocol):
     def kill(self, pid: int, sig: int) -> None:
         """Signal one process; silently nothing when it is gone."""
 
+    def open_reset(self, path: Path) -> int:
+        """Open a file whose reset holds for the writer's open file only (v2 memory.peak),
+        reset it, and return that descriptor (the caller closes it); OSError when the
+        kernel offers no reset there."""
+
 
 class KernelIO:
     """The real kernel's cgroupfs."""
@@ -55,6 +60,15 @@ class KernelIO:
     def kill(self, pid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+    def open_reset(self, path: Path) -> int:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"reset\n")  # any non-empty write resets (Linux 6.12+)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
 
 def _read_small(path: str) -> bytes:

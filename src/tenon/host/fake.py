@@ -114,7 +114,8 @@ class FakeCgroupV2Tree:
             events = "".join(f"{k} 0\n" for k in _EVENT_KEYS)
             files |= {"memory.current": "0\n", "memory.max": "max\n", "memory.high": "max\n",
                       "memory.low": "0\n", "memory.min": "0\n", "memory.events": events,
-                      "memory.events.local": events, "memory.stat": "anon 0\nfile 0\n"}
+                      "memory.events.local": events, "memory.stat": "anon 0\nfile 0\n",
+                      "memory.oom.group": "0\n"}
             if self.peak:
                 files["memory.peak"] = "0\n"
             if self.swap:
@@ -290,9 +291,29 @@ class FakeCgroupV2Tree:
     def _write_procs(self, cgroup: str, path: Path, value: str) -> None:
         self._move(self._known(int(value)), cgroup)
 
+    def _write_flag(self, cgroup: str, path: Path, value: str) -> None:
+        if value not in ("0", "1"):
+            raise HostError(f"cannot write {value!r} to {path}: invalid argument")
+        path.write_text(value + "\n")
+
+    def open_reset(self, path: Path) -> int:
+        """memory.peak reset for the returned descriptor. The fake keeps one mark, so the
+        reset shows in every reader (the kernel keeps one per open file)."""
+        cgroup = self.name_of(path.parent)
+        self._require(cgroup)
+        if path.name != "memory.peak" or not path.is_file():
+            raise OSError(errno.EACCES, f"{os.strerror(errno.EACCES)}: no per-open reset of "
+                                        f"{path.name} here", str(path))
+        self._own[cgroup]["peak"] = 0  # the rollup raises it to the usage
+        self._rollup(cgroup)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
     def _write_kill(self, cgroup: str, path: Path, value: str) -> None:
+        if value != "1":
+            raise HostError(f"cannot write {value!r} to {path}: invalid argument")
         for pid, c in list(self._where.items()):
             if c == cgroup or c.startswith(cgroup + "/"):
+                self.signals.append((pid, signal.SIGKILL))  # the kernel SIGKILLs each one
                 self.exit(pid)
 
     def rmdir(self, path: Path) -> None:
@@ -327,6 +348,7 @@ _WRITERS = {
     "memory.min": FakeCgroupV2Tree._write_limit, "pids.max": FakeCgroupV2Tree._write_limit,
     "cpu.max": FakeCgroupV2Tree._write_cpu_max, "cgroup.freeze": FakeCgroupV2Tree._write_freeze,
     "cgroup.procs": FakeCgroupV2Tree._write_procs, "cgroup.kill": FakeCgroupV2Tree._write_kill,
+    "memory.oom.group": FakeCgroupV2Tree._write_flag,
 }
 
 
@@ -347,3 +369,6 @@ class _FakeIO:
 
     def kill(self, pid: int, sig: int) -> None:
         self._tree.kill(pid, sig)
+
+    def open_reset(self, path: Path) -> int:
+        return self._tree.open_reset(path)
