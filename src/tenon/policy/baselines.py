@@ -165,3 +165,102 @@ def agentcgroup_actions(
         reason = f"low: mark {mark} B" + (", over it: CPU throttled (v1)" if throttle else "")
         actions.append(AgentCgroupAction(box.sandbox_id, klass, mark, throttle, reason))
     return actions
+
+
+# -- AgentCgroup on cgroup v2: memory.high per tool call, tightened under pressure ----------
+#
+# As its authors describe it (Zheng et al., "AgentCgroup: Understanding and Controlling OS
+# Resources of AI Agents", and their agentcgroupd's cgroup v2 controller): sessions are High
+# or Low priority; each tool call runs under a memory.high mark from its hint; a controller
+# polls for pressure (growth of the parent's memory PSI "some" stall total, the parent's usage
+# at 85% of its memory.max, or memory.high events of High sessions) and, when it sees any,
+# throttles Low sessions by lowering their memory.high to half of the parent's limit for a
+# protection window (1 s), after which the normal marks return and pressure is checked again:
+# the kernel throttles and reclaims over memory.high instead of OOM-killing.
+#
+# Implemented here: the classes, the per-tool-call mark for Low sandboxes (a sandbox is
+# Tenon's per-agent cgroup, so the mark is set on it at each action's start rather than on a
+# per-call child cgroup), the PSI and usage signals read from the workload domain, the Low
+# share of the budget split equally among the Low sandboxes running (there is no common Low
+# parent cgroup to put one mark on), and the window. Not implemented: memory.low protection
+# of High sandboxes during the window (the sandbox meter has no memory.low), the High
+# sessions' memory.high-event signal (High sandboxes carry no mark), the eBPF paths
+# (memcg_bpf_ops over-high delays and below_low protection, which need a patched kernel;
+# sched_ext CPU weights), and the agent's resource hints.
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCgroupDomainObs:
+    """One period's view of the workload domain."""
+
+    usage_bytes: int
+    limit_bytes: int | None
+    psi_some_total_us: int | None
+    """The domain's memory PSI "some" stall total; None without PSI."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCgroupState:
+    """What the v2 controller carries from one period to the next."""
+
+    protected_since: float | None = None
+    """When the Low marks were last tightened (None: the normal per-tool-call marks)."""
+    psi_some_total_us: int | None = None
+    """The PSI total last compared against (its growth is a pressure signal)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCgroupPlan:
+    state: AgentCgroupState
+    marks: tuple[AgentCgroupAction, ...]
+    """memory.high for every sandbox given, sorted by id (None: no mark)."""
+    trigger: str | None
+    """The signal that tightened the marks this period, if one did."""
+
+
+def agentcgroup_pressure(domain: AgentCgroupDomainObs, last_psi_total_us: int | None,
+                         config: PolicyConfig) -> str | None:
+    """Which pressure signal fires, if any: the domain's PSI stall grew, or its usage reached
+    `agentcgroup_pressure_usage_fraction` of its limit."""
+    psi = domain.psi_some_total_us
+    if psi is not None and last_psi_total_us is not None and psi > last_psi_total_us:
+        return f"psi some +{psi - last_psi_total_us} us"
+    limit = domain.limit_bytes
+    if limit and domain.usage_bytes >= config.agentcgroup_pressure_usage_fraction * limit:
+        return f"usage {domain.usage_bytes / limit:.0%} of the limit"
+    return None
+
+
+def agentcgroup_v2_step(sandboxes: Iterable[AgentCgroupSandbox], domain: AgentCgroupDomainObs,
+                        state: AgentCgroupState, budget_bytes: int, now: float,
+                        config: PolicyConfig) -> AgentCgroupPlan:
+    """One period of AgentCgroup on v2: the memory.high of each running sandbox."""
+    since, trigger = state.protected_since, None
+    if since is not None and now - since >= config.agentcgroup_protection_window_s:
+        since = None  # the window is over: normal marks, and pressure is checked afresh
+        psi_seen = domain.psi_some_total_us
+    elif since is not None:
+        psi_seen = state.psi_some_total_us  # stalls while protected count at the next check
+    else:
+        trigger = agentcgroup_pressure(domain, state.psi_some_total_us, config)
+        since = now if trigger is not None else None
+        psi_seen = domain.psi_some_total_us
+    boxes = sorted(sandboxes, key=lambda b: b.sandbox_id)
+    classes = [agentcgroup_class(b.profiled_peak_bytes, budget_bytes, config) for b in boxes]
+    num_low = sum(k is AgentCgroupClass.LOW for k in classes)
+    mark = config.agentcgroup_low_high_mark_bytes
+    limit = domain.limit_bytes or budget_bytes
+    share = int(config.agentcgroup_low_share_fraction * limit) // max(num_low, 1)
+    marks = []
+    for box, klass in zip(boxes, classes, strict=True):
+        if klass is AgentCgroupClass.HIGH:
+            marks.append(AgentCgroupAction(box.sandbox_id, klass, None, False, "high: no mark"))
+        elif since is not None and share < mark:
+            marks.append(AgentCgroupAction(box.sandbox_id, klass, share, False,
+                                           f"low under pressure: {num_low} share "
+                                           f"{config.agentcgroup_low_share_fraction:g} of "
+                                           f"{limit} B"))
+        else:
+            marks.append(AgentCgroupAction(box.sandbox_id, klass, mark, False,
+                                           f"low: per-tool-call mark {mark} B"))
+    return AgentCgroupPlan(AgentCgroupState(since, psi_seen), tuple(marks), trigger)

@@ -133,7 +133,20 @@ class PolicyConfig(BaseModel):
         "the budget is High, else Low.")
     agentcgroup_low_high_mark_bytes: int = Field(
         default=400 * MIB, gt=0,
-        description="AgentCgroup: the memory high-water mark given to Low sandboxes.")
+        description="AgentCgroup: the memory high-water mark given to Low sandboxes at each "
+        "tool call (memory.high on v2; enforced by CPU throttling on v1).")
+    agentcgroup_pressure_usage_fraction: float = Field(
+        default=0.85, gt=0.0, le=1.0,
+        description="AgentCgroup on v2: the domain's usage at this fraction of its limit is "
+        "pressure (one of its signals, with any growth of the domain's memory PSI stall).")
+    agentcgroup_low_share_fraction: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="AgentCgroup on v2: under pressure the Low sandboxes together get this "
+        "fraction of the budget as memory.high, shared equally among those running.")
+    agentcgroup_protection_window_s: float = Field(
+        default=1.0, gt=0.0,
+        description="AgentCgroup on v2: how long the tightened marks hold once pressure is "
+        "seen; then the per-tool-call marks return and pressure is checked afresh.")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> PolicyConfig:

@@ -50,11 +50,14 @@ from tenon.host.diskfs import DiskLimits
 from tenon.host.types import CgroupVersion
 from tenon.policy.admission import ActionRequest, AdmissionController, AdmitDecision
 from tenon.policy.baselines import (
-    AgentCgroupClass,
+    AgentCgroupDomainObs,
+    AgentCgroupSandbox,
+    AgentCgroupState,
     PolicyKind,
     PolicySpec,
     WorkflowRequest,
     agentcgroup_class,
+    agentcgroup_v2_step,
     parse_policy,
 )
 from tenon.policy.config import PolicyConfig
@@ -229,6 +232,10 @@ class Runtime:
         self.waker = Waker()
         self.agents: dict[str, AgentState] = {}
         self.actions: dict[str, RunningAction] = {}
+        # AgentCgroup on v2: the pure policy's carried state, and the memory.high written to
+        # each running sandbox (by sandbox id) so a period rewrites only the marks that moved
+        self._agentcgroup = AgentCgroupState()
+        self._agentcgroup_marks: dict[str, int | None] = {}
         self.boundary = Boundary(self, blocking)
         self._ids = itertools.count(1)
         self._loop_task: asyncio.Task[None] | None = None
@@ -741,7 +748,7 @@ class Runtime:
         await self._blocking(meter.reset_peak)
         first = meter.reading()
         action.stats = ActionStats(start, first.usage_bytes, first.peak_bytes)
-        await self._apply_agentcgroup_mark(state, meter)
+        await self._apply_agentcgroup_mark(state, action)
         self.events.emit("action_start", action_id=action.action_id, agent_id=state.agent_id,
                          sandbox_id=action.gate_id, charge_bytes=action.charge_bytes,
                          queued_s=round(start - action.ready_at, 4))
@@ -806,13 +813,51 @@ class Runtime:
             logger.warning("usage of %s's workspace: %s", agent_id, exc)
             return None
 
-    async def _apply_agentcgroup_mark(self, state: AgentState, meter: SandboxMeter) -> None:
-        if state.agentcgroup_class is not AgentCgroupClass.LOW:
-            return
-        if self.domain.version is CgroupVersion.V2 and state.mark_applied_to != id(meter):
-            await self._blocking(meter.set_memory_high,
-                                 self.config.agentcgroup_low_high_mark_bytes)
-            state.mark_applied_to = id(meter)
+    async def _apply_agentcgroup_mark(self, state: AgentState, action: RunningAction) -> None:
+        """AgentCgroup sets a tool call's memory.high as it starts (v2), from the policy's
+        current plan. On v1 the execution loop throttles CPU over the mark instead."""
+        if state.agentcgroup_class is not None and self.domain.version is CgroupVersion.V2:
+            await self._agentcgroup_period(start=action)
+
+    async def _agentcgroup_period(self, start: RunningAction | None = None) -> None:
+        """AgentCgroup on v2, once per control period and at each tool call's start: observe
+        the domain (usage, limit, memory PSI) and its running sandboxes, step the pure policy
+        (`agentcgroup_v2_step`), and write the memory.high marks that moved (and `start`'s:
+        each tool call sets its own)."""
+        running = {a.gate_id: a for a in self.actions.values()
+                   if a.started and a.profiled_peak_bytes is not None}
+        if start is not None:
+            running[start.gate_id] = start
+        reading = self.domain.reading()
+        plan = agentcgroup_v2_step(
+            [AgentCgroupSandbox(gate_id, a.profiled_peak_bytes or 0, a.usage_bytes)
+             for gate_id, a in running.items()],
+            AgentCgroupDomainObs(reading.usage_bytes, reading.limit_bytes,
+                                 self._domain_psi_some_total_us()),
+            self._agentcgroup, self.domain.budget_bytes or 0, self.clock.now(), self.config)
+        if (plan.state.protected_since is None) != (self._agentcgroup.protected_since is None):
+            self.events.emit("agentcgroup", protected=plan.state.protected_since is not None,
+                             trigger=plan.trigger)
+        self._agentcgroup = plan.state
+        marks = {}
+        for mark in plan.marks:
+            action, high = running[mark.sandbox_id], mark.high_mark_bytes
+            marks[mark.sandbox_id] = high
+            if action.meter is None or (action is not start and
+                                        self._agentcgroup_marks.get(mark.sandbox_id) == high):
+                continue
+            try:
+                await self._blocking(action.meter.set_memory_high, high)
+            except OSError as exc:  # the sandbox went between observing and acting
+                logger.debug("memory.high of %s: %s", mark.sandbox_id, exc)
+        self._agentcgroup_marks = marks
+
+    def _domain_psi_some_total_us(self) -> int | None:
+        # `DomainMeter` has no pressure(); the real domain (`WorkloadDomain`) reads its
+        # memory.pressure there, and a simulated one has none (usage is the only signal)
+        read = getattr(self.domain, "pressure", None)
+        pressure = read() if callable(read) else None
+        return None if pressure is None else int(pressure.some_total_us)
 
     # -- the execution loop ---------------------------------------------------------
 
@@ -878,6 +923,8 @@ class Runtime:
         snapshot = self.boundary.control_snapshot(seen.snapshot)
         plan = self.control.step(snapshot)
         self.execution.act(plan.tick, seen)
+        if self.spec.kind is PolicyKind.AGENTCGROUP and self.domain.version is CgroupVersion.V2:
+            await self._agentcgroup_period()
         self.boundary.act(plan)
         self._report_heavy_growth()
         self.boundary.pump()
