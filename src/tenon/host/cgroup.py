@@ -125,6 +125,12 @@ class SandboxCgroup:
     def _v1(self) -> bool:
         return self.layout.version is CgroupVersion.V1
 
+    @property
+    def v2_dir(self) -> Path | None:
+        """The sandbox's one cgroup v2 directory (the sched_ext gate keys on its inode number);
+        None on v1."""
+        return None if self._v1 else next(iter(self.dirs.values()), None)
+
     def _dir(self, controller: str) -> Path:
         try:
             return self.dirs[controller]
