@@ -2,7 +2,8 @@
 
 One `tick` reads the domain and each running action's cgroup into a frozen
 `TickSnapshot`, calls `ExecutionPolicy.step` (policy/execution.py) for the period's
-`TickPlan`, and carries it out: launches held starts, freezes and thaws cgroups, throttles
+`TickPlan`, and carries it out: launches held starts, holds and releases sandboxes through
+the gate actuator (host/actuator.py: the cgroup freezer, or the sched_ext scheduler), throttles
 (AgentCgroup on v1), and records the decisions. The results go back to the policy through
 `ExecutionPolicy.launched` and `ended`.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tenon.errors import HostError
+from tenon.host.actuator import FreezerActuator, GateActuator
 from tenon.host.types import CgroupVersion, MemoryReading
 from tenon.policy.config import PolicyConfig
 from tenon.policy.execution import (
@@ -39,7 +41,7 @@ from tenon.sandbox.base import DomainMeter, SandboxMeter
 logger = logging.getLogger(__name__)
 
 THROTTLE_CPU_FRACTION = 0.1  # AgentCgroup on v1: CPU share of a Low sandbox over its mark
-ACTUATE_WAIT_S = 0.02  # how long one freeze/thaw may hold the loop before it moves on
+ACTUATE_WAIT_S = 0.02  # how long one hold/release may hold the loop before it moves on
 
 
 @dataclass
@@ -113,8 +115,12 @@ class ExecutionLoop:
         use_gate: bool,
         agentcgroup: bool,
         now: Callable[[], float],
+        actuator: GateActuator | None = None,
     ) -> None:
+        """`actuator` holds and releases sandboxes (default: the cgroup freezer); the loop
+        owns it from here and `close` closes it."""
         self._domain = domain
+        self.actuator: GateActuator = actuator or FreezerActuator()
         self._config = config
         self._events = events
         self._now = now
@@ -206,6 +212,7 @@ class ExecutionLoop:
             by_id = {a.action_id: a for a in seen.started}
             self._act_on_gate(plan, by_id)
             self._act_on_throttles(plan.throttles, by_id)
+        self._check_actuator()
         self._record(seen.snapshot, plan.pressure, seen.started, seen.num_admitted,
                      plan.reclaimable_bytes)
 
@@ -279,15 +286,15 @@ class ExecutionLoop:
             reclaimable_bytes=reclaimable_bytes,
         )
 
-    @staticmethod
-    def _actuate(changes: list[tuple[RunningAction, bool]]) -> None:
+    def _actuate(self, changes: list[tuple[RunningAction, bool]]) -> None:
+        actuator = self.actuator
         for action, allow in changes:
             assert action.meter is not None
             try:
                 if allow:
-                    action.meter.thaw(timeout_s=ACTUATE_WAIT_S)
+                    actuator.release(action.meter, timeout_s=ACTUATE_WAIT_S)
                 else:
-                    action.meter.freeze(timeout_s=ACTUATE_WAIT_S)
+                    actuator.hold(action.meter, timeout_s=ACTUATE_WAIT_S)
                 action.allowed = allow
             except HostError as exc:
                 # Requested but not settled yet: a task in uninterruptible sleep (runc setting
@@ -297,8 +304,20 @@ class ExecutionLoop:
                 logger.debug("gate: %s of %s not settled: %s", "thaw" if allow else "freeze",
                              action.gate_id, exc)
             except OSError as exc:
-                logger.warning("gate: %s of %s failed: %r", "thaw" if allow else "freeze",
+                logger.warning("gate: %s of %s failed: %r", "release" if allow else "hold",
                                action.gate_id, exc)
+
+    def _check_actuator(self) -> None:
+        """The actuator's upkeep each period (long sched_ext holds become freezes); a fallback
+        to the freezer is recorded the one time it happens."""
+        try:
+            reason = self.actuator.check()
+        except (HostError, OSError) as exc:
+            logger.warning("gate actuator check failed: %r", exc)
+            return
+        if reason is not None:
+            self._events.emit("gate_actuator_fallback", actuator=self.actuator.name,
+                              reason=reason)
 
     def _act_on_throttles(self, throttles: tuple[Throttle, ...],
                           by_id: dict[str, RunningAction]) -> None:
@@ -324,10 +343,17 @@ class ExecutionLoop:
                 if action.pending:
                     self._launch(action)  # shutdown: the waiter raises AgentClosed itself
                 elif not action.allowed:
-                    action.meter.thaw()
+                    self.actuator.release(action.meter)
                     action.allowed = True
                 if action.throttled:
                     action.meter.set_cpu_quota(None)
                     action.throttled = False
             except (HostError, OSError) as exc:
                 logger.warning("release of %s failed: %r", action.gate_id, exc)
+
+    def close(self) -> None:
+        """Close the gate actuator (unloads the sched_ext scheduler); after `release_all`."""
+        try:
+            self.actuator.close()
+        except (HostError, OSError) as exc:
+            logger.warning("closing gate actuator %s failed: %r", self.actuator.name, exc)
