@@ -427,7 +427,8 @@ class SandboxCgroup:
             return
         io = self.layout.io
         kill_file = None if self._v1 else self._dir("memory") / "cgroup.kill"
-        if kill_file is not None and kill_file.exists():
+        by_kernel = kill_file is not None and kill_file.exists()
+        if kill_file is not None and by_kernel:
             # Linux 5.14+: the kernel kills the whole subtree at once, frozen tasks and
             # processes forked meanwhile included (no pid listing to race a fork).
             io.write(kill_file, "1")
@@ -440,9 +441,10 @@ class SandboxCgroup:
         if gate is not None and gate.is_dir():
             self.thaw()
         deadline = time.monotonic() + timeout_s
-        while pids := self.pids():
-            for pid in pids:
-                io.kill(pid, signal.SIGKILL)
+        while pids := self.pids():  # the kill is asynchronous: wait for the tasks to exit
+            if not by_kernel:
+                for pid in pids:
+                    io.kill(pid, signal.SIGKILL)
             if time.monotonic() > deadline:
                 raise HostError(f"cgroup of {self.sandbox_id} still has pids {pids} "
                                 f"after {timeout_s} s of SIGKILL")
