@@ -246,6 +246,11 @@ struct sched_ext_ops tenon_gate_ops = {
 	.tick = (void *)gate_tick,
 	.init = (void *)gate_init,
 	.exit = (void *)gate_exit,
+	/*
+	 * Without ENQ_LAST the kernel keeps a CPU's only runnable task running when its slice
+	 * ends, without asking ops.enqueue: a denied task alone on its CPU would never stop.
+	 */
+	.flags = SCX_OPS_ENQ_LAST,
 	/* The most the kernel accepts (SCX_WATCHDOG_MAX_TIMEOUT, 30 s). */
 	.timeout_ms = 30000,
 	.name = "tenon_gate",
