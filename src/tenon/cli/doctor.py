@@ -47,6 +47,17 @@ def _psi_check() -> Check:
     return Check("PSI", True, f"memory some avg10={reading.some_avg10:.2f}%")
 
 
+def _gate_actuator_check() -> Check:
+    """Which gate actuator `auto` gives this host, and why (the freezer is always fine)."""
+    from tenon.host.scx.loader import availability
+
+    try:
+        available, reason = availability()
+    except Exception as exc:  # doctor reports, it never crashes
+        return Check("gate actuator", True, f"freezer (sched_ext check failed: {exc})")
+    return Check("gate actuator", True, f"{'sched_ext' if available else 'freezer'}: {reason}")
+
+
 def _isolation_checks() -> list[Check]:
     from tenon.sandbox import seccomp
     from tenon.sandbox.uids import UidAllocator
@@ -102,6 +113,7 @@ def run_checks(state_dir: Path, image: str) -> list[Check]:
 
     checks = _cgroup_checks()
     checks.append(_psi_check())
+    checks.append(_gate_actuator_check())
     bwrap = shutil.which("bwrap")
     checks.append(Check("bubblewrap", bwrap is not None, bwrap or "missing",
                         "" if bwrap else "apt-get install bubblewrap"))

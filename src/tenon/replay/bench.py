@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
+from tenon.host.actuator import choose_actuator
 from tenon.policy.baselines import PolicyKind, parse_policy
 from tenon.policy.config import PolicyConfig
 from tenon.predict.base import Predictor
@@ -130,6 +131,11 @@ class BenchConfig(BaseModel):
         "e2b: each workflow an E2B sandbox driven with the official SDK through the "
         "E2B-compatible server on loopback (summaries add the API's overhead per command); "
         "both: every policy in-process, then as `<policy>@e2b` through the API.")
+    gate_actuator: Literal["auto", "scx", "freezer"] = Field(
+        default="auto", description="How the execution gate holds sandboxes on a real backend. "
+        "auto: the sched_ext scheduler where the host can run it, else the cgroup freezer; "
+        "scx: sched_ext or fail; freezer: the cgroup freezer. Each policy's summary records "
+        "the actuator used and any fallback.")
 
 
 def check_via(via: str, backend: str) -> None:
@@ -253,16 +259,23 @@ async def run_policy(
     api: dict[str, Any] = {}
     lag = LoopLag()
     before = CpuMark.now()
-    async with open_runtime(budget_bytes=budget, backend=config.backend,
-                            state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt, \
-            lag.running():
-        records, api = await drive(rt, submissions, speed=config.speed,
-                                   image_dir=config.state_dir, max_retries=config.max_retries,
-                                   on_done=on_done)
-        reading = rt.domain.reading()
+    actuator, actuator_reason = choose_actuator(config.gate_actuator)
+    kwargs["gate_actuator"] = actuator
+    try:
+        async with open_runtime(budget_bytes=budget, backend=config.backend,
+                                state_dir=config.state_dir, run_dir=run_dir, **kwargs) as rt, \
+                lag.running():
+            records, api = await drive(rt, submissions, speed=config.speed,
+                                       image_dir=config.state_dir,
+                                       max_retries=config.max_retries, on_done=on_done)
+            reading = rt.domain.reading()
+    finally:
+        actuator.close()  # idempotent: the runtime closes it when it got that far
     cpu = cpu_spent(before, CpuMark.now(), reading.cpu_usage_s)
+    gate = {"name": actuator.name, "reason": actuator_reason,
+            "fallback": actuator.fallback_reason}
     return {**summarize(records, reading.peak_bytes, rt.boundary.tally), "cpu": cpu,
-            **lag.summary(), **api}
+            **lag.summary(), **api, "gate_actuator": gate}
 
 
 def runs_of(config: BenchConfig) -> list[tuple[str, str, bool]]:
@@ -361,7 +374,7 @@ async def run_bench(
                  "qps": config.qps, "window_s": config.window_s,
                  "max_retries": config.max_retries, "policy_config": config.policy_config,
                  "predictor": config.predictor, "via": config.via, "copies": config.copies,
-                 "of": config.of, "complete": False},
+                 "of": config.of, "gate_actuator": config.gate_actuator, "complete": False},
     }
     write_summary(config.out_dir, summary)
     for name, policy, via_e2b in runs_of(config):

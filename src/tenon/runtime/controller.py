@@ -46,6 +46,7 @@ from tenon.errors import (
     WorkspaceError,
 )
 from tenon.host import diskfs
+from tenon.host.actuator import GateActuator
 from tenon.host.diskfs import DiskLimits
 from tenon.host.types import CgroupVersion
 from tenon.policy.admission import ActionRequest, AdmissionController, AdmitDecision
@@ -199,10 +200,13 @@ class Runtime:
         lifecycle_events: bool = False,
         workspace_limits: DiskLimits | None = None,
         keep_agents: bool = False,
+        gate_actuator: GateActuator | None = None,
     ) -> None:
         """`keep_agents`: `close()` keeps every agent for the next runtime on the same
-        state directory instead of ending its workflow (see `close`)."""
+        state directory instead of ending its workflow (see `close`). `gate_actuator` holds
+        sandboxes for the execution gate (default: the cgroup freezer; the runtime closes it)."""
         self._keep_agents = keep_agents
+        self._gate_actuator = gate_actuator
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
         self.config = config or PolicyConfig()
         self.capacity = backend.capacity()
@@ -253,6 +257,7 @@ class Runtime:
         self.execution = ExecutionLoop(
             domain=domain, config=self.config, events=self.events, use_gate=self.spec.use_gate,
             agentcgroup=self.spec.kind is PolicyKind.AGENTCGROUP, now=self.clock.now,
+            actuator=self._gate_actuator,
         )
         self.control = ControlPolicy(self.config, self.execution.policy, self.admission,
                                      use_gate=self.spec.use_gate,
@@ -301,6 +306,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         self.execution.release_all(self.actions.values())
+        self.execution.close()
         if self._keep_agents:
             await self._keep_all()
         for state in list(self.agents.values()):
