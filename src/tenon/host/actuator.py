@@ -124,6 +124,8 @@ class ScxGateLike(Protocol):
 
     def healthy(self) -> bool: ...
 
+    def stats(self) -> dict[str, int]: ...
+
     def close(self) -> None: ...
 
 
@@ -153,6 +155,10 @@ class ScxActuator:
     @property
     def num_held(self) -> int:
         return len(self._holds)
+
+    def scheduler_stats(self) -> dict[str, int]:
+        """The scheduler's counters: tasks held, released, spared as dying, preempted."""
+        return self._gate.stats()
 
     def hold(self, meter: Freezable, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
         if id(meter) in self._holds:

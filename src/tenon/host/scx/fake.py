@@ -32,6 +32,9 @@ class FakeScxGate:
     def healthy(self) -> bool:
         return self.is_healthy and not self.closed
 
+    def stats(self) -> dict[str, int]:
+        return {"held": sum(op == "deny" for op, _ in self.journal)}
+
     def close(self) -> None:
         self.journal.append(("close", ""))
         self.closed = True
