@@ -50,6 +50,7 @@ BENCH_FLAGS = {
     "num_workflows": "--workflows", "max_retries": "--retries", "predictor": "--predictor",
     "copies": "--copies", "of": "--of",
     "policy_config": "--set", "out_dir": "--out", "state_dir": "--state-dir",
+    "gate_actuator": "--gate-actuator",
 }
 
 
@@ -263,6 +264,31 @@ def _run_one(console: Console, config: BenchConfig) -> dict[str, Any]:
     console.print(f"{time.monotonic() - start:.0f} s; wrote " +
                   ", ".join(str(p) for p in written))
     return summary
+
+
+def actuators_cmd(
+    trials: Annotated[int, typer.Option(help="Trials per actuator and thread count.")] = 3,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Also write the full result here.")] = None,
+) -> None:
+    """The cgroup freezer against the sched_ext gate on real sandbox cgroups: how fast a
+    growing sandbox stops and resumes, how fast a held sandbox dies when killed, and the
+    idle CPU cost of the loaded scheduler (needs root and cgroup v2; sched_ext for scx)."""
+    from tenon.replay.actuator_bench import run, table
+
+    console = Console()
+    if trials < 1:
+        fail(ConfigError(f"--trials must be at least 1, got {trials}"))
+    if json_path is not None:
+        require_writable_file(json_path, what="--json")
+    try:
+        result = run(num_trials=trials)
+    except (OSError, TimeoutError) as exc:
+        fail(exc)
+    console.print(Markdown(table(result)))
+    if json_path is not None:
+        write_text(json_path, json.dumps(result, indent=2) + "\n", what="--json")
+        console.print(f"results: {json_path}")
 
 
 def faults_cmd(
