@@ -374,9 +374,20 @@ class SandboxCgroup:
             return read_text(self._dir("freezer") / "freezer.state").strip() == _V1_FROZEN
         return read_keyed(self._dir("memory") / "cgroup.events").get("frozen", 0) == 1
 
+    def _freeze_requested(self) -> bool:
+        """Whether a freeze is asked for, settled or not (v1 FREEZING or FROZEN; v2
+        cgroup.freeze). It can differ from `is_frozen`: a v2 cgroup whose tasks are dying
+        (cgroup.kill) or are still stopping shows frozen 0 while the request stays."""
+        if self._v1:
+            return read_text(self._dir("freezer") / "freezer.state").strip() != _V1_THAWED
+        return read_text(self._dir("memory") / "cgroup.freeze").strip() == "1"
+
     def _set_frozen(self, frozen: bool, timeout_s: float) -> GateResult:
         start = time.perf_counter()
-        if self.is_frozen() == frozen:
+        # Unchanged only when both the request and the state match: a thaw that saw a
+        # transient "not frozen" and wrote nothing would leave the request standing, and the
+        # cgroup frozen again (with whatever enters it next) once the transition settles.
+        if self._freeze_requested() == frozen and self.is_frozen() == frozen:
             return GateResult(frozen, False, time.perf_counter() - start)
         if self._v1:
             target = self._dir("freezer") / "freezer.state"
