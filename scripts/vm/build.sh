@@ -20,6 +20,7 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 command -v clang-16 >/dev/null || need+=(clang-16)
 command -v xz >/dev/null || need+=(xz-utils)
 command -v cpio >/dev/null || need+=(cpio)
+command -v depmod >/dev/null || need+=(kmod)
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -51,6 +52,8 @@ fi
 kver="$(cat "$cache/kernel.version")"
 moddir="$cache/root/usr/lib/modules/$kver"
 cp "$moddir/vmlinuz" "$cache/vmlinuz"
+# modules.dep for the guest's modprobe (loop, ext4, veth...): the guest mounts this tree.
+[ -f "$moddir/modules.dep" ] || depmod -b "$cache/root/usr" "$kver"
 
 # bpftool from unstable runs through unstable's own dynamic loader and libraries.
 cat >"$cache/bpftool" <<WRAP
