@@ -33,7 +33,9 @@ echo "guest: kernel $(uname -r), cgroup controllers: $(cat /sys/fs/cgroup/cgroup
 repo="$(sed -n 's/.*tenon\.repo=\([^ ]*\).*/\1/p' /proc/cmdline)"
 cd "$repo"
 bash /mnt/io/command </dev/null
-echo $? >/mnt/io/rc.tmp && mv /mnt/io/rc.tmp /mnt/io/rc
+rc=$?
+dmesg >/mnt/io/dmesg.log 2>/dev/null  # the kernel's log (OOM kills, sched_ext) comes back
+echo "$rc" >/mnt/io/rc.tmp && mv /mnt/io/rc.tmp /mnt/io/rc
 sync
 umount /mnt/io 2>/dev/null
 echo o >/proc/sysrq-trigger

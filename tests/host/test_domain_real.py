@@ -161,7 +161,7 @@ time.sleep(5)
 """
 
 
-def test_reset_peak_restarts_the_high_water_mark_on_v1(domain):
+def test_reset_peak_restarts_the_high_water_mark(domain):
     domain.set_budget(None)
     box = domain.sandbox("peaky")
     proc = start_in(box, "import time\nb = bytearray(48 * 1024 * 1024)\n"
@@ -171,10 +171,7 @@ def test_reset_peak_restarts_the_high_water_mark_on_v1(domain):
         assert proc.stdout.readline().strip() == b"freed"
         before = box.reading()
         assert before.peak_bytes - before.usage_bytes > 40 * MIB
-        if domain.version is CgroupVersion.V2:
-            assert box.reset_peak() is False  # memory.peak resets only per open fd
-            return
-        assert box.reset_peak() is True
+        assert box.reset_peak() is True  # v1: max_usage_in_bytes; v2: memory.peak per fd
         after = box.reading()
         assert after.peak_bytes - after.usage_bytes < 4 * MIB
     finally:

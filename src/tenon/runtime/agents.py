@@ -75,7 +75,6 @@ class AgentState:
     last_done_at: float | None = None
     predicted_wait_s: float | None = None  # EWMA of the waits between actions (model calls)
     agentcgroup_class: AgentCgroupClass | None = None
-    mark_applied_to: int | None = None
 
     def note_ready(self, now: float) -> None:
         if self.last_done_at is not None:
