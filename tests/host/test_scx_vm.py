@@ -98,7 +98,7 @@ def test_a_denied_process_makes_no_progress_until_allowed(domain, gate, code) ->
     box = domain.sandbox("spin")
     proc = start_in(box, code)
     try:
-        assert progress_s(box, 0.5) > 0.1  # it runs
+        assert progress_s(box) > 0.1  # it runs
         assert box.v2_dir is not None
         gate.deny(box.v2_dir)
         assert gate.is_denied(box.v2_dir)
@@ -106,7 +106,7 @@ def test_a_denied_process_makes_no_progress_until_allowed(domain, gate, code) ->
         assert progress_s(box) < 0.02
         assert gate.stats()["held"] > 0
         gate.allow(box.v2_dir)
-        assert progress_s(box, 0.5) > 0.1
+        assert progress_s(box) > 0.1
         assert gate.stats()["released"] > 0
     finally:
         proc.kill()
@@ -144,7 +144,7 @@ def test_a_hold_past_the_limit_becomes_a_freeze(domain, gate) -> None:
         assert progress_s(box) < 0.02
         actuator.release(box)
         assert not box.is_frozen()
-        assert progress_s(box, 0.5) > 0.1
+        assert progress_s(box) > 0.1
     finally:
         proc.kill()
         proc.communicate()
@@ -157,7 +157,10 @@ def test_ejecting_the_scheduler_falls_back_to_the_freezer(domain, gate) -> None:
     actuator = ScxActuator(gate)
     try:
         actuator.hold(box)
-        Path("/proc/sysrq-trigger").write_text("S")  # resets sched_ext to the fair class
+        # Unregistered from outside, as an operator (or SysRq-S) would: removing the link's
+        # pin disables the scheduler. SysRq-S is not used here: the VM session goes on to
+        # other tests, and re-enabling sched_ext after it has crashed this guest kernel.
+        (gate.pin_dir / "tenon_gate_ops").unlink()
         wait_until(lambda: sched_ext_state() == "disabled")
         reason = actuator.check()
         assert reason is not None
@@ -167,7 +170,7 @@ def test_ejecting_the_scheduler_falls_back_to_the_freezer(domain, gate) -> None:
         assert progress_s(box) < 0.02
         assert actuator.check() is None  # reported once
         actuator.release(box)
-        assert progress_s(box, 0.5) > 0.1
+        assert progress_s(box) > 0.1
     finally:
         proc.kill()
         proc.communicate()

@@ -116,11 +116,11 @@ class FreezerActuator:
 class ScxGateLike(Protocol):
     """What ScxActuator needs of `scx.loader.ScxGate` (a fake in tests)."""
 
-    def deny(self, cgroup_dir: Path) -> None: ...
+    def deny(self, cgroup: Path | int) -> None: ...
 
-    def allow(self, cgroup_dir: Path) -> None: ...
+    def allow(self, cgroup: Path | int) -> None: ...
 
-    def forget(self, cgroup_dir: Path | int) -> None: ...
+    def forget(self, cgroup: Path | int) -> None: ...
 
     def healthy(self) -> bool: ...
 
@@ -133,9 +133,15 @@ class ScxGateLike(Protocol):
 class _Hold:
     meter: Freezable
     cgroup_dir: Path | None  # None: a cgroup without a v2 directory, held by the freezer
-    cgroup_id: int
+    cgroup_id: int  # -1 when it could not be read
     since_s: float
     frozen: bool
+
+    @property
+    def key(self) -> Path | int:
+        """How the gate map knows it: the id read at hold time, which outlives the directory."""
+        assert self.cgroup_dir is not None
+        return self.cgroup_id if self.cgroup_id >= 0 else self.cgroup_dir
 
 
 class ScxActuator:
@@ -170,7 +176,7 @@ class ScxActuator:
             hold.frozen = True
             meter.freeze(timeout_s=timeout_s)
             return
-        self._gate.deny(cgroup_dir)
+        self._gate.deny(hold.key)
 
     def release(self, meter: Freezable, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
         hold = self._holds.pop(id(meter), None)
@@ -180,13 +186,13 @@ class ScxActuator:
         if hold.frozen:
             meter.thaw(timeout_s=timeout_s)
         elif hold.cgroup_dir is not None and self.fallback_reason is None:
-            self._gate.allow(hold.cgroup_dir)
+            self._gate.allow(hold.key)
 
     def forget(self, meter: Freezable) -> None:
         hold = self._holds.pop(id(meter), None)
         if hold is not None and hold.cgroup_dir is not None and self.fallback_reason is None:
             try:
-                self._gate.forget(hold.cgroup_id)
+                self._gate.forget(hold.key)
             except OSError as exc:
                 logger.debug("gate: forgetting cgroup %d: %r", hold.cgroup_id, exc)
 
@@ -228,7 +234,7 @@ class ScxActuator:
         _freeze_quietly(hold.meter)
         if hold.cgroup_dir is not None:
             try:
-                self._gate.allow(hold.cgroup_dir)
+                self._gate.allow(hold.key)
             except OSError as exc:
                 logger.warning("gate: allowing %s after its freeze: %r", hold.cgroup_dir, exc)
         logger.info("gate: hold of %s past %.1f s became a freeze", hold.cgroup_dir,

@@ -14,20 +14,20 @@ class FakeScxGate:
     """Stands for a loaded tenon_gate: a denied set, and health a test can take away."""
 
     journal: list[tuple[str, str]] = field(default_factory=list)
-    denied: set[Path] = field(default_factory=set)
+    denied: set[Path | int] = field(default_factory=set)
     is_healthy: bool = True
     closed: bool = False
 
-    def deny(self, cgroup_dir: Path) -> None:
-        self.journal.append(("deny", str(cgroup_dir)))
-        self.denied.add(cgroup_dir)
+    def deny(self, cgroup: Path | int) -> None:
+        self.journal.append(("deny", str(cgroup)))
+        self.denied.add(cgroup)
 
-    def allow(self, cgroup_dir: Path) -> None:
-        self.journal.append(("allow", str(cgroup_dir)))
-        self.denied.discard(cgroup_dir)
+    def allow(self, cgroup: Path | int) -> None:
+        self.journal.append(("allow", str(cgroup)))
+        self.denied.discard(cgroup)
 
-    def forget(self, cgroup_dir: Path | int) -> None:
-        self.journal.append(("forget", str(cgroup_dir)))
+    def forget(self, cgroup: Path | int) -> None:
+        self.journal.append(("forget", str(cgroup)))
 
     def healthy(self) -> bool:
         return self.is_healthy and not self.closed

@@ -86,9 +86,9 @@ def availability() -> tuple[bool, str]:
     return True, f"sched_ext available (kernel {platform.release()})"
 
 
-def cgroup_id(cgroup_dir: Path) -> int:
-    """A v2 cgroup's id: its directory's inode number."""
-    return os.stat(cgroup_dir).st_ino
+def cgroup_id(cgroup: Path | int) -> int:
+    """A v2 cgroup's id: its directory's inode number (an int is taken as the id)."""
+    return cgroup if isinstance(cgroup, int) else os.stat(cgroup).st_ino
 
 
 class ScxGate:
@@ -135,18 +135,17 @@ class ScxGate:
         return cls(bpftool=tools.bpftool, pin_dir=pin_dir, gate_fd=fds[0], stats_fd=fds[1],
                    enable_seq=enable_seq)
 
-    def deny(self, cgroup_dir: Path) -> None:
+    def deny(self, cgroup: Path | int) -> None:
         """Hold the cgroup's (and its descendants') runnable tasks from now on."""
-        bpfsys.update(self._gate_fd, struct.pack("=Q", cgroup_id(cgroup_dir)), DENY)
+        bpfsys.update(self._gate_fd, struct.pack("=Q", cgroup_id(cgroup)), DENY)
 
-    def allow(self, cgroup_dir: Path) -> None:
+    def allow(self, cgroup: Path | int) -> None:
         """Let the cgroup's tasks run again (the next dispatch moves them)."""
-        self.forget(cgroup_dir)
+        self.forget(cgroup)
 
-    def forget(self, cgroup_dir: Path | int) -> None:
+    def forget(self, cgroup: Path | int) -> None:
         """Drop the cgroup's entry (also for a cgroup already removed, by its id)."""
-        ident = cgroup_dir if isinstance(cgroup_dir, int) else cgroup_id(cgroup_dir)
-        bpfsys.delete(self._gate_fd, struct.pack("=Q", ident))
+        bpfsys.delete(self._gate_fd, struct.pack("=Q", cgroup_id(cgroup)))
 
     def is_denied(self, cgroup_dir: Path) -> bool:
         value = bpfsys.lookup(self._gate_fd, struct.pack("=Q", cgroup_id(cgroup_dir)), 1)
