@@ -8,7 +8,8 @@ export TENON_IN_VM=1 PYTHONDONTWRITEBYTECODE=1
 [ -n "${CI:-}" ] || CI="$(sed -n 's/.*tenon\.ci=\([^ ]*\).*/\1/p' /proc/cmdline)"; export CI
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays the overlaid host /tmp (writes land in the overlay's tmpfs): the repository
+# itself may live under the host's /tmp, as a CI clone does.
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /dev/pts /dev/shm /run/lock
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
