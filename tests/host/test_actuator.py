@@ -99,6 +99,17 @@ def test_ejection_falls_back_to_the_freezer_and_reports_once() -> None:
     assert not other.frozen
 
 
+def test_an_ejection_a_hold_runs_into_is_reported_by_the_next_check() -> None:
+    actuator, gate, _ = make_scx()
+    gate.is_healthy = False
+    cgroup = make_cgroup(gate)
+    actuator.hold(cgroup)
+    assert cgroup.frozen
+    assert actuator.check() == actuator.fallback_reason
+    assert actuator.fallback_reason is not None
+    assert actuator.check() is None
+
+
 def test_a_cgroup_without_a_v2_directory_is_frozen() -> None:
     actuator, gate, _ = make_scx()
     cgroup = make_cgroup(gate, v2=False)

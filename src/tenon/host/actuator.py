@@ -156,6 +156,7 @@ class ScxActuator:
         self._now = now
         self._holds: dict[int, _Hold] = {}  # by id(meter)
         self.fallback_reason: str | None = None
+        self._fallback_reported = False
         self.num_escalations = 0
 
     @property
@@ -197,28 +198,24 @@ class ScxActuator:
                 logger.debug("gate: forgetting cgroup %d: %r", hold.cgroup_id, exc)
 
     def check(self) -> str | None:
-        if not self._holds:
-            return None
-        if not self._usable():
-            return self.fallback_reason if self._just_fell_back else None
-        now = self._now()
-        for hold in self._holds.values():
-            if not hold.frozen and now - hold.since_s > self._max_hold_s:
-                self._escalate(hold)
+        if self._holds and self._usable():
+            now = self._now()
+            for hold in self._holds.values():
+                if not hold.frozen and now - hold.since_s > self._max_hold_s:
+                    self._escalate(hold)
+        if self.fallback_reason is not None and not self._fallback_reported:
+            self._fallback_reported = True  # also a fallback `hold` ran into
+            return self.fallback_reason
         return None
-
-    _just_fell_back = False
 
     def _usable(self) -> bool:
         """The scheduler still runs; on the first sign it does not, fall back for good."""
-        self._just_fell_back = False
         if self.fallback_reason is not None:
             return False
         if self._gate.healthy():
             return True
         self.fallback_reason = ("sched_ext scheduler tenon_gate was ejected or unloaded; "
                                 "holding with the cgroup freezer")
-        self._just_fell_back = True
         logger.warning("gate: %s (%d sandboxes held)", self.fallback_reason, len(self._holds))
         for hold in self._holds.values():
             if not hold.frozen:
