@@ -58,7 +58,29 @@ def test_scx_hold_denies_in_the_map_without_freezing() -> None:
     assert not cgroup.frozen
     actuator.release(cgroup)
     assert gate.denied == set()
-    assert gate.journal == [("deny", str(cgroup.v2_dir)), ("allow", str(cgroup.v2_dir))]
+    # the hold clock runs over the hold (an action's timeout does not count it), no freeze
+    box = str(cgroup.v2_dir)
+    assert gate.journal == [("deny", box), ("held", box), ("unheld", box), ("allow", box)]
+
+
+def test_a_sandbox_cgroup_counts_a_hold_noted_without_the_freezer(tmp_path: Path) -> None:
+    import time
+
+    from tenon.host.cgroup import SandboxCgroup
+    from tenon.host.fake import FakeCgroupV2Tree
+
+    tree = FakeCgroupV2Tree(tmp_path)
+    tree.make_cgroup("dom")
+    path = tree.make_cgroup("dom/s1")
+    box = SandboxCgroup("s1", tree.layout(), {c: path for c in ("memory", "cpu", "pids")})
+    box.note_held(True)
+    box.note_held(True)  # idempotent: the clock keeps its start
+    time.sleep(0.05)
+    box.note_held(False)
+    held = box.held_s()
+    assert held >= 0.05
+    time.sleep(0.02)
+    assert box.held_s() == held  # stopped
 
 
 def test_a_hold_past_the_limit_freezes_first_then_allows() -> None:
@@ -73,7 +95,8 @@ def test_a_hold_past_the_limit_freezes_first_then_allows() -> None:
     assert cgroup.frozen
     assert gate.denied == set()
     # freeze before allow: the tasks leave the wait queue only into the freezer
-    assert gate.journal[1:] == [("freeze", str(cgroup.v2_dir)), ("allow", str(cgroup.v2_dir))]
+    assert gate.journal[1:] == [("held", str(cgroup.v2_dir)), ("freeze", str(cgroup.v2_dir)),
+                                ("allow", str(cgroup.v2_dir))]
     assert actuator.num_escalations == 1
     actuator.release(cgroup)
     assert not cgroup.frozen

@@ -18,7 +18,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from tenon.cli.agents import agents_app
-from tenon.cli.bench import faults_cmd
+from tenon.cli.bench import actuators_cmd, faults_cmd
 from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
 from tenon.cli.predict import predict_app
 from tenon.cli.serve import serve_cmd
@@ -36,6 +36,7 @@ app.add_typer(import_app, name="import")
 app.add_typer(predict_app, name="predict")
 app.add_typer(agents_app, name="agents")
 bench_app.command("faults")(faults_cmd)
+bench_app.command("actuators")(actuators_cmd)
 app.command("serve")(serve_cmd)
 
 console = Console()
@@ -146,6 +147,9 @@ def bench_replay_cmd(
                    "sandbox driven with the official SDK through the E2B-compatible server "
                    "on loopback; adds the API's overhead per command to the summary) or "
                    "both (each policy in-process, then as <policy>@e2b)")] = "inproc",
+    gate_actuator: Annotated[str, typer.Option(help="How the execution gate holds a sandbox: "
+                             "auto (the sched_ext scheduler where the host offers it, else "
+                             "the cgroup freezer), scx or freezer")] = "auto",
 ) -> None:
     """Replay a trace under a budget with every policy, side by side."""
     if ctx.invoked_subcommand is not None:
@@ -168,6 +172,7 @@ def bench_replay_cmd(
             "max_retries": retries, "policy_config": parse_settings(setting or []),
             "predictor": predictor,
             "state_dir": state_dir, "out_dir": out_dir, "via": via,
+            "gate_actuator": gate_actuator,
         }
         run_cli_bench(console=console, base=base, sweep=sweep, qps=qps, json_path=json_path)
     except KeyboardInterrupt:

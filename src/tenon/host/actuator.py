@@ -178,6 +178,7 @@ class ScxActuator:
             meter.freeze(timeout_s=timeout_s)
             return
         self._gate.deny(hold.key)
+        _note_held(meter, True)  # an action's timeout does not count the hold
 
     def release(self, meter: Freezable, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
         hold = self._holds.pop(id(meter), None)
@@ -186,7 +187,9 @@ class ScxActuator:
             return
         if hold.frozen:
             meter.thaw(timeout_s=timeout_s)
-        elif hold.cgroup_dir is not None and self.fallback_reason is None:
+            return
+        _note_held(meter, False)
+        if hold.cgroup_dir is not None and self.fallback_reason is None:
             self._gate.allow(hold.key)
 
     def forget(self, meter: Freezable) -> None:
@@ -244,6 +247,12 @@ class ScxActuator:
                 if not hold.frozen:
                     self._escalate(hold)
         self._gate.close()
+
+
+def _note_held(meter: Freezable, held: bool) -> None:
+    note = getattr(meter, "note_held", None)  # SandboxCgroup's hold clock; fakes have none
+    if callable(note):
+        note(held)
 
 
 def _inode(cgroup_dir: Path | None) -> int:

@@ -418,13 +418,21 @@ class SandboxCgroup:
 
     def thaw(self, timeout_s: float = FREEZE_TIMEOUT_S) -> GateResult:
         """Allow execution again (idempotent); the hold ends with the request."""
-        if self._held_since is not None:
-            self._held_total_s += time.monotonic() - self._held_since
-            self._held_since = None
+        self.note_held(False)
         return self._set_frozen(False, timeout_s)
 
+    def note_held(self, held: bool) -> None:
+        """Start or end the hold clock for a hold made without the freezer (the sched_ext
+        gate), so that `held_s` counts it too (idempotent)."""
+        if held and self._held_since is None:
+            self._held_since = time.monotonic()
+        elif not held and self._held_since is not None:
+            self._held_total_s += time.monotonic() - self._held_since
+            self._held_since = None
+
     def held_s(self) -> float:
-        """Seconds this cgroup has been held frozen through `freeze()`, in total so far.
+        """Seconds this cgroup has been held (frozen through `freeze()`, or by the sched_ext
+        gate through `note_held`), in total so far.
 
         An action's timeout counts its running time only: time the gate held it is the
         controller's doing, not the command's.

@@ -31,7 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tenon.clock import FakeClock, run_simulated
 from tenon.errors import ConfigError
-from tenon.host.actuator import choose_actuator
 from tenon.policy.baselines import PolicyKind, parse_policy
 from tenon.policy.config import PolicyConfig
 from tenon.predict.base import Predictor
@@ -251,7 +250,7 @@ async def run_policy(
     budget = None if parse_policy(policy).unlimited_memory else config.budget_bytes
     if config.backend == "sim":
         return await _run_sim(config, run_dir, submissions, kwargs, on_done, budget)
-    from tenon.runtime.open import open_runtime
+    from tenon.runtime.open import gate_actuator_for, open_runtime
 
     # The load program keeps the memory an action leaves behind in SCRATCH_DIR: declared
     # disposable, so it is charged to the sandbox and dropped at teardown, as recorded.
@@ -259,7 +258,7 @@ async def run_policy(
     api: dict[str, Any] = {}
     lag = LoopLag()
     before = CpuMark.now()
-    actuator, actuator_reason = choose_actuator(config.gate_actuator)
+    actuator = gate_actuator_for(policy, config.gate_actuator)
     kwargs["gate_actuator"] = actuator
     try:
         async with open_runtime(budget_bytes=budget, backend=config.backend,
@@ -272,7 +271,7 @@ async def run_policy(
     finally:
         actuator.close()  # idempotent: the runtime closes it when it got that far
     cpu = cpu_spent(before, CpuMark.now(), reading.cpu_usage_s)
-    gate = {"name": actuator.name, "reason": actuator_reason,
+    gate = {"name": actuator.name, "preference": config.gate_actuator,
             "fallback": actuator.fallback_reason}
     return {**summarize(records, reading.peak_bytes, rt.boundary.tally), "cpu": cpu,
             **lag.summary(), **api, "gate_actuator": gate}

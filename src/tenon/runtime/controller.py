@@ -202,9 +202,9 @@ class Runtime:
         keep_agents: bool = False,
         gate_actuator: GateActuator | None = None,
     ) -> None:
-        """`keep_agents`: `close()` keeps every agent for the next runtime on the same
-        state directory instead of ending its workflow (see `close`). `gate_actuator` holds
-        sandboxes for the execution gate (default: the cgroup freezer; the runtime closes it)."""
+        """`keep_agents`: `close()` keeps every agent for the next runtime on the same state
+        directory (see `close`). `gate_actuator` holds sandboxes for the gate (default: the
+        cgroup freezer); the runtime closes it."""
         self._keep_agents = keep_agents
         self._gate_actuator = gate_actuator
         self.spec = parse_policy(policy) if isinstance(policy, str) else policy
@@ -236,8 +236,7 @@ class Runtime:
         self.waker = Waker()
         self.agents: dict[str, AgentState] = {}
         self.actions: dict[str, RunningAction] = {}
-        # AgentCgroup on v2: the pure policy's carried state, and the memory.high written to
-        # each running sandbox (by sandbox id) so a period rewrites only the marks that moved
+        # AgentCgroup on v2: the policy's state; the memory.high written per sandbox id
         self._agentcgroup = AgentCgroupState()
         self._agentcgroup_marks: dict[str, int | None] = {}
         self.boundary = Boundary(self, blocking)

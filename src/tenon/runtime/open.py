@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tenon.host.actuator import ActuatorPreference, FreezerActuator, GateActuator, choose_actuator
 from tenon.host.diskfs import DiskLimits
 from tenon.host.domain import WorkloadDomain
+from tenon.policy.baselines import PolicySpec, parse_policy
 from tenon.runtime.controller import Runtime
 from tenon.sandbox.base import SandboxBackend
 from tenon.sandbox.registry import make_backend
@@ -28,6 +30,20 @@ def leftover_remover(domain: WorkloadDomain, backend: SandboxBackend) -> list[st
             *(f"cgroup:{rel}" for rel in domain.remove_children())]
 
 
+def gate_actuator_for(policy: str | PolicySpec,
+                      wanted: GateActuator | ActuatorPreference) -> GateActuator:
+    """The actuator a runtime of `policy` gets: `wanted` itself, or the one a preference
+    chooses when the policy uses the execution gate (the freezer, unused, when it does not)."""
+    if not isinstance(wanted, str):
+        return wanted
+    spec = parse_policy(policy) if isinstance(policy, str) else policy
+    if not spec.use_gate:
+        return FreezerActuator()
+    actuator, reason = choose_actuator(wanted)
+    logger.info("gate actuator: %s", reason)
+    return actuator
+
+
 @contextlib.asynccontextmanager
 async def open_runtime(
     *,
@@ -37,6 +53,7 @@ async def open_runtime(
     run_dir: Path | None = None,
     domain_name: str | None = None,
     keep_agents: bool = False,
+    gate_actuator: GateActuator | ActuatorPreference = "auto",
     **runtime_kwargs: Any,
 ) -> AsyncIterator[Runtime]:
     """A started, recovered `Runtime` over one state directory, `budget_bytes` its limit
@@ -54,6 +71,9 @@ async def open_runtime(
     restartable boundary are torn down, every other sandbox is destroyed, and every record
     and workspace is kept for the next `open_runtime` on the same directory to restore
     (`Runtime.close` says how); the domain is removed all the same.
+
+    `gate_actuator`, an actuator or a preference (`gate_actuator_for`), holds sandboxes for
+    the execution gate; `runtime.execution.actuator` is the one chosen.
     """
     home = run_dir or state_dir
     with locked(home):
@@ -65,8 +85,10 @@ async def open_runtime(
             runtime_kwargs.setdefault("event_log", home / EVENTS_FILE)
             # each agent's persistent root is its own size-limited filesystem
             runtime_kwargs.setdefault("workspace_limits", DiskLimits())
+            actuator = gate_actuator_for(runtime_kwargs.get("policy", "tenon"), gate_actuator)
             runtime = Runtime(domain=domain, backend=impl, state_dir=home,
-                              keep_agents=keep_agents, **runtime_kwargs)
+                              keep_agents=keep_agents, gate_actuator=actuator,
+                              **runtime_kwargs)
             try:
                 await runtime.start()
                 runtime.recover(lambda: leftover_remover(domain, impl))

@@ -57,3 +57,6 @@ class RecordingCgroup:
         self.journal.append(("thaw", str(self.v2_dir)))
         changed, self.frozen = self.frozen, False
         return GateResult(False, changed, 0.0)
+
+    def note_held(self, held: bool) -> None:
+        self.journal.append(("held" if held else "unheld", str(self.v2_dir)))
