@@ -3,7 +3,8 @@
 #  - a kernel with sched_ext from Debian's unstable suite (apt-get download, never installed on the host),
 #  - a busybox initramfs that mounts the host's root read-only over 9p under a tmpfs overlay,
 #  - bpftool and libbpf's headers from the same suite (bpftool runs with its own libraries),
-#  - vmlinux.h from the kernel's BTF and the sched_ext gate's BPF object.
+#  - vmlinux.h from the kernel's BTF and the sched_ext gate's BPF object (with the repository's
+#    .venv, when it exists).
 # The guest's root is this machine's own root, so the guest runs the repository's .venv as it is.
 # Usage: scripts/vm/build.sh   (prints the cache directory; TENON_VM_CACHE overrides it)
 set -euo pipefail
@@ -21,6 +22,7 @@ command -v clang-16 >/dev/null || need+=(clang-16)
 command -v xz >/dev/null || need+=(xz-utils)
 command -v cpio >/dev/null || need+=(cpio)
 command -v depmod >/dev/null || need+=(kmod)
+command -v zstd >/dev/null || need+=(zstd)
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -39,9 +41,14 @@ touch "$cache/apt/status"
 if [ ! -f "$cache/kernel.version" ]; then
   log "fetching the package lists of Debian unstable"
   apt-get "${apt_opts[@]}" update -qq
-  kver="$(apt-cache "${apt_opts[@]}" depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\(.*\)-amd64$/\1/p' | head -1)"
-  [ -n "$kver" ] || { echo "vm build: no linux-image-amd64 in Debian unstable" >&2; exit 1; }
-  kver="$kver-amd64"
+  # The kernel the BPF gate was written and measured against, while unstable still has it;
+  # else unstable's current one (TENON_VM_KERNEL names another).
+  kver="${TENON_VM_KERNEL:-7.2.13+deb14-amd64}"
+  if ! apt-cache "${apt_opts[@]}" show "linux-binary-$kver" >/dev/null 2>&1; then
+    kver="$(apt-cache "${apt_opts[@]}" depends linux-image-amd64 | sed -n 's/.*Depends: linux-image-\(.*\)-amd64$/\1/p' | head -1)"
+    [ -n "$kver" ] || { echo "vm build: no linux-image-amd64 in Debian unstable" >&2; exit 1; }
+    kver="$kver-amd64"
+  fi
   log "downloading kernel $kver, bpftool and libbpf headers"
   (cd "$cache/debs" && apt-get "${apt_opts[@]}" download -q "linux-binary-$kver" "linux-modules-$kver" \
     bpftool libbpf-dev libc6 libcap2 libelf1t64 libssl3t64 zlib1g libzstd1 >/dev/null)
@@ -61,6 +68,23 @@ cat >"$cache/bpftool" <<WRAP
 exec "$cache/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$cache/root/usr/lib/x86_64-linux-gnu" "$cache/root/usr/sbin/bpftool" "\$@"
 WRAP
 chmod +x "$cache/bpftool"
+
+# vmlinux.h from the guest kernel's BTF (the ELF inside the bzImage, zstd-compressed), and the
+# sched_ext gate's BPF object built for that kernel: dumping the BTF inside the emulated guest
+# takes minutes, here a fraction of a second.
+if [ ! -s "$cache/vmlinux.h" ]; then
+  log "dumping the guest kernel's BTF to vmlinux.h"
+  off="$(grep -abo "$(printf '\x28\xb5\x2f\xfd')" "$cache/vmlinuz" | head -1 | cut -d: -f1)"
+  [ -n "$off" ] || { echo "vm build: no zstd payload in $cache/vmlinuz" >&2; exit 1; }
+  tail -c +"$((off + 1))" "$cache/vmlinuz" | zstd -dcq 2>/dev/null >"$cache/vmlinux" || true
+  "$cache/bpftool" btf dump file "$cache/vmlinux" format c >"$cache/vmlinux.h.tmp"
+  mv "$cache/vmlinux.h.tmp" "$cache/vmlinux.h"
+  rm -f "$cache/vmlinux"
+fi
+if [ -x "$repo/.venv/bin/python" ]; then
+  TENON_BPFTOOL="$cache/bpftool" TENON_BPF_CLANG=clang-16 TENON_BPF_INCLUDE="$cache/root/usr/include" \
+    "$repo/.venv/bin/python" -m tenon.host.scx build --release "$kver" --vmlinux-h "$cache/vmlinux.h" >/dev/null
+fi
 
 # The initramfs: busybox, the modules for a 9p root with an overlay, and an init that hands over
 # to the repository's guest init on the shared root.

@@ -20,9 +20,12 @@ mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
 for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
   echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control || echo "guest: cannot enable controller $c"
 done
-# the guest kernel's modules (from the build cache on the shared root), for modprobe
-modules="$(sed -n 's/.*tenon\.modules=\([^ ]*\).*/\1/p' /proc/cmdline)"
-if [ -n "$modules" ] && [ -d "$modules/$(uname -r)" ]; then
+# the guest kernel's modules (from the build cache on the shared root), for modprobe; the
+# cache's bpftool and libbpf headers, for the sched_ext gate
+cache="$(sed -n 's/.*tenon\.cache=\([^ ]*\).*/\1/p' /proc/cmdline)"
+export TENON_BPFTOOL="$cache/bpftool" TENON_BPF_INCLUDE="$cache/root/usr/include" TENON_BPF_CLANG=clang-16
+modules="$cache/root/usr/lib/modules"
+if [ -n "$cache" ] && [ -d "$modules/$(uname -r)" ]; then
   mkdir -p /lib/modules && mount --bind "$modules" /lib/modules
   modprobe loop && modprobe ext4 || echo "guest: cannot load loop or ext4"
 fi

@@ -48,7 +48,7 @@ set +e
 timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -M q35 -cpu "$cpu" -accel "$accel" -smp "$cpus" -m "$mem" \
   -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
   -kernel "$cache/vmlinuz" -initrd "$cache/initrd.img" \
-  -append "console=ttyS0 panic=-1 tsc_early_khz=$khz tsc=reliable quiet loglevel=3 tenon.repo=$repo tenon.ci=${CI:-} tenon.modules=$cache/root/usr/lib/modules" \
+  -append "console=ttyS0 panic=-1 tsc_early_khz=$khz tsc=reliable quiet loglevel=3 tenon.repo=$repo tenon.ci=${CI:-} tenon.cache=$cache" \
   -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
   -virtfs "local,path=$io,mount_tag=io,security_model=passthrough" \
   -device virtio-rng-pci </dev/null
