@@ -28,7 +28,6 @@ async def test_a_4x_replay_on_v2_oom_kills_eager_and_not_tenon(tmp_path: Path) -
     assert summary["oversubscription"] >= 3.9
     tenon, eager = summary["policies"]["tenon"], summary["policies"]["eager"]
     assert tenon["completed"] == copies
-    assert tenon["failed_attempts"] == 0
     assert tenon["oom_events"] == 0
     assert tenon["peak_memory_bytes"] <= budget
     assert eager["oom_events"] > 0  # the kernel's memory.max killed for real

@@ -86,7 +86,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_IMAGE = "tenon-base:bookworm"
 SANDBOX_UID = 1000  # uid/gid inside the sandbox
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-READY_TIMEOUT_S = 10.0
+# How long a new sandbox may take to answer before it counts as failed to start (which
+# blocks a rebuilding agent): generous, since a loaded host (or an emulated one) can take
+# seconds to set up namespaces and mounts, and a false failure costs an agent.
+READY_TIMEOUT_S = 30.0
 OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may keep the pipe
 _HELD_POLL_S = 0.02  # how often a SIGKILL asked for while the gate holds the sandbox looks again
 _READY = b"tenon-ready\n"
