@@ -43,4 +43,4 @@ echo "$rc" >/mnt/io/rc.tmp && mv /mnt/io/rc.tmp /mnt/io/rc
 sync
 umount /mnt/io 2>/dev/null
 echo o >/proc/sysrq-trigger
-sleep 10
+{ sleep 10; } 2>/dev/null  # until the power-off completes
