@@ -23,6 +23,7 @@ from tenon.errors import HostError
 from tenon.host.cgroup import SandboxCgroup
 from tenon.host.cgroupfs import read_keyed
 from tenon.host.domain import WorkloadDomain
+from tenon.host.procs import is_alive
 from tenon.host.types import CgroupVersion
 from tenon.units import MIB
 
@@ -40,15 +41,6 @@ def domain() -> Iterator[WorkloadDomain]:
     yield d
     d.remove()
     assert leftovers(d.name) == [], "cgroups left behind"
-
-
-def gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie waiting for its reaper."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def events(box: SandboxCgroup) -> dict[str, int]:
@@ -245,7 +237,7 @@ def test_kill_all_empties_the_cgroup_through_cgroup_kill_frozen_or_not(domain):
         proc.communicate(timeout=10)
         assert proc.returncode == -9
         deadline = time.monotonic() + 10
-        while not all(gone(pid) for pid in pids):
+        while any(is_alive(pid) for pid in pids):
             assert time.monotonic() < deadline, f"still alive: {pids}"
             time.sleep(0.05)
         assert read_keyed(box.dirs["memory"] / "cgroup.events")["populated"] == 0

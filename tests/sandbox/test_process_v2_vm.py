@@ -16,6 +16,7 @@ from test_process_backend import backend, base_image, make_spec, run  # noqa: F4
 
 from tenon.errors import SandboxFrozen
 from tenon.host.domain import WorkloadDomain
+from tenon.host.procs import is_alive
 from tenon.host.types import CgroupVersion
 from tenon.units import MIB
 
@@ -26,15 +27,6 @@ BUDGET_BYTES = 192 * MIB
 HOLD_40_MIB = ("python3 -c \"import sys, time\nb = bytearray(40 * 1024 * 1024)\n"
                "for i in range(0, len(b), 4096): b[i] = 1\nprint('held', flush=True)\n"
                "time.sleep(4)\"")
-
-
-def exited(pid: int) -> bool:
-    """No such process, or a zombie waiting for its reaper."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 @pytest.fixture
@@ -183,4 +175,4 @@ async def test_destroy_leaves_no_process_and_no_cgroup(domain, make):
     await sandbox.destroy()
     assert not directory.exists()
     assert sandbox.spec.sandbox_id not in domain.sandbox_ids()
-    assert all(exited(pid) for pid in pids)
+    assert not any(is_alive(pid) for pid in pids)

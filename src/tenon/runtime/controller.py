@@ -858,10 +858,7 @@ class Runtime:
         self._agentcgroup_marks = marks
 
     def _domain_psi_some_total_us(self) -> int | None:
-        # `DomainMeter` has no pressure(); the real domain (`WorkloadDomain`) reads its
-        # memory.pressure there, and a simulated one has none (usage is the only signal)
-        read = getattr(self.domain, "pressure", None)
-        pressure = read() if callable(read) else None
+        pressure = self.domain.pressure()
         return None if pressure is None else int(pressure.some_total_us)
 
     # -- the execution loop ---------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from tenon.host.types import CgroupVersion, GateResult, MemoryReading
+from tenon.host.types import CgroupVersion, GateResult, MemoryReading, PressureReading
 
 # Subdirectory of an agent's persistent root -> where the sandbox sees it. HOME is
 # /home/user, as in E2B sandboxes. Each is captured, fsynced and digested at teardown.
@@ -171,6 +171,10 @@ class DomainMeter(Protocol):
 
     def set_budget(self, budget_bytes: int | None) -> None:
         """Set the memory limit (None: unlimited)."""
+        ...
+
+    def pressure(self) -> PressureReading | None:
+        """The domain's memory pressure (PSI); None where the host has none."""
         ...
 
 

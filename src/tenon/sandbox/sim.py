@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tenon.clock import Clock
 from tenon.errors import ConfigError, SandboxDied, SandboxError, SandboxFrozen
-from tenon.host.types import CgroupVersion, GateResult, MemoryReading
+from tenon.host.types import CgroupVersion, GateResult, MemoryReading, PressureReading
 from tenon.sandbox.base import BackendCapacity, ExecIO, ExecResult, ProcessInfo, SandboxSpec
 from tenon.sandbox.fake import FakeControl
 
@@ -134,6 +134,9 @@ class SimDomain:
 
     def usage_bytes(self) -> int:
         return sum(c.usage_bytes for c in self.cgroups.values())
+
+    def pressure(self) -> PressureReading | None:
+        return None  # the simulated host models no stalls: usage is its only signal
 
     def reading(self) -> MemoryReading:
         usage = self.usage_bytes()
