@@ -1,5 +1,6 @@
 """E2B's control-plane REST API over the sessions: create, connect, list, inspect, time,
-pause, resume and kill sandboxes.
+pause, resume and kill sandboxes; and `GET /tenon/load`, the node's load for a cluster's
+front door.
 
 Bodies are built and parsed with the SDK's own generated models (`e2b.api.client.models`),
 so field names and formats are the ones the official client reads and writes.
@@ -7,6 +8,7 @@ so field names and formats are the ones the official client reads and writes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import urllib.parse
@@ -25,10 +27,14 @@ from e2b.api.client.models import Sandbox as SandboxModel
 from e2b.api.client.types import Unset
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.routing import Route
 
+from tenon.runtime.controller import Runtime
+from tenon.runtime.load import node_load
 from tenon.service.errors import BadRequest, Conflict
 from tenon.service.sessions import Session, SessionManager
 
+LOAD_PATH = "/tenon/load"
 ENVD_VERSION = "0.6.4"  # the envd API level this server speaks (the SDK gates features on it)
 CLIENT_ID = "tenon"
 CPU_COUNT = 2
@@ -182,6 +188,16 @@ def control_plane(sessions: SessionManager) -> APIRouter:
         router.add_api_route(path, _not_offered(what), methods=[method],
                              include_in_schema=False)
     return router
+
+
+def load_route(runtime: Runtime, node: str) -> Route:
+    """`GET /tenon/load`: the runtime's `NodeLoad` as node `node`, as JSON (its dataclass
+    fields). A control-plane call: the app's middleware checks the API key."""
+
+    async def load(_: Request) -> JSONResponse:
+        return JSONResponse(dataclasses.asdict(node_load(runtime, node)))
+
+    return Route(LOAD_PATH, load, methods=["GET"])
 
 
 # E2B API calls this server answers with an explicit refusal rather than a bare 404.

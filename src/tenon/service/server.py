@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.open import open_runtime
+from tenon.service.api import load_route
 from tenon.service.app import TenonApp
 from tenon.service.live import LiveView
 from tenon.service.metrics import metrics_route
@@ -36,9 +38,15 @@ from tenon.service.sessions import DEFAULT_TEMPLATE, SessionManager
 logger = logging.getLogger(__name__)
 
 API_KEYS_ENV = "TENON_API_KEYS"
+NODE_NAME_ENV = "TENON_NODE_NAME"
 API_KEY_FILE = "api-key"  # in the state directory: the key made when none is given
 DEFAULT_PORT = 49982
 DEFAULT_IMAGE = "tenon-base:bookworm"
+
+
+def default_node_name() -> str:
+    """$TENON_NODE_NAME, else the host's name."""
+    return os.environ.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 class ServeSettings(BaseModel):
@@ -57,6 +65,9 @@ class ServeSettings(BaseModel):
     policy_config: dict[str, Any] = Field(default_factory=dict)
     image: str = DEFAULT_IMAGE
     max_write_bytes: int = Field(100 * 1024 * 1024, gt=0)
+    node_name: str = Field(default_factory=default_node_name, min_length=1)
+    """The name this server's load is published under (`GET /tenon/load`) for a cluster's
+    front door."""
 
 
 def load_api_keys(*, keys_file: Path | None, state_dir: Path) -> tuple[list[str], str]:
@@ -102,7 +113,8 @@ async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> Non
         async with serving(runtime, settings.state_dir, api_keys=settings.api_keys,
                            host=settings.host, port=settings.port, image=settings.image,
                            image_root=runtime.backend.image_root,
-                           max_write_bytes=settings.max_write_bytes) as url:
+                           max_write_bytes=settings.max_write_bytes,
+                           node_name=settings.node_name) as url:
             for line in announce:
                 print(line, flush=True)
             print(f"tenon serve: listening on {url}", flush=True)
@@ -113,10 +125,11 @@ async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> Non
 @contextlib.asynccontextmanager
 async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
                   host: str = "127.0.0.1", port: int = 0, image: str = DEFAULT_IMAGE,
-                  image_root: Any = None, max_write_bytes: int = 100 * 1024 * 1024
-                  ) -> AsyncIterator[str]:
+                  image_root: Any = None, max_write_bytes: int = 100 * 1024 * 1024,
+                  node_name: str | None = None) -> AsyncIterator[str]:
     """Serve `runtime` over E2B's API on this event loop while the block runs; yields the
-    base URL. The sessions' store is in `state_dir`. The bench uses it to drive a runtime
+    base URL. The sessions' store is in `state_dir`; `node_name` (default: the host's) names
+    the load it publishes. The bench uses it to drive a runtime
     through the front door in the same process."""
     sessions = SessionManager(runtime, state_dir, templates={DEFAULT_TEMPLATE: image},
                               image_root=image_root, max_write_bytes=max_write_bytes)
@@ -124,7 +137,8 @@ async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
     live = LiveView(runtime)
     live.start()  # the memory series starts with the server, not at the first page view
     try:
-        app = TenonApp(sessions, api_keys, extra_routes=_pages(runtime, live),
+        pages = [*_pages(runtime, live), load_route(runtime, node_name or default_node_name())]
+        app = TenonApp(sessions, api_keys, extra_routes=pages,
                        max_write_bytes=max_write_bytes)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 lifespan="off", timeout_graceful_shutdown=5, backlog=4096)
