@@ -1,20 +1,27 @@
 """A real `tenon serve` in a child process, for tests, benchmarks and examples that drive it
-with the official SDK: started on a free loopback port, stopped (and restartable) by pid."""
+with the official SDK: started on a free loopback port, stopped (and restartable) by pid; and
+a cluster's front door on a thread of this process."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tenon.service.frontdoor import FrontDoorSettings
 
 READY_TIMEOUT_S = 60.0
 IMAGE_DIR = Path("/var/lib/tenon")  # where setup builds the base image
@@ -34,6 +41,7 @@ class ServerHandle:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -51,7 +59,7 @@ class ServerHandle:
 
     def start(self) -> None:
         self.log_path = self.state_dir.parent / f"{self.state_dir.name}-serve.log"
-        env = {**os.environ, "TENON_API_KEYS": self.api_key}
+        env = {**os.environ, **self.extra_env, "TENON_API_KEYS": self.api_key}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tenon.cli.main", "serve", "--budget", self.budget,
@@ -112,13 +120,55 @@ class ServerHandle:
 
 @contextlib.contextmanager
 def running_server(state_dir: Path, *, budget: str = "2GiB", backend: str = "process",
-                   extra_args: Sequence[str] = (), image_dir: Path = IMAGE_DIR
-                   ) -> Iterator[ServerHandle]:
-    """A started server; stopped with SIGTERM on exit (which keeps its sandboxes on disk:
-    remove `state_dir` to drop them)."""
-    handle = ServerHandle(state_dir, budget, backend, tuple(extra_args), image_dir)
+                   extra_args: Sequence[str] = (), image_dir: Path = IMAGE_DIR,
+                   env: Mapping[str, str] | None = None) -> Iterator[ServerHandle]:
+    """A started server (`env`: more environment, e.g. TENON_NODE_NAME); stopped with
+    SIGTERM on exit (which keeps its sandboxes on disk: remove `state_dir` to drop them)."""
+    handle = ServerHandle(state_dir, budget, backend, tuple(extra_args), image_dir,
+                          extra_env=dict(env or {}))
     handle.start()
     try:
         yield handle
     finally:
         handle.stop()
+
+
+@contextlib.contextmanager
+def running_front_door(settings: FrontDoorSettings) -> Iterator[str]:
+    """A cluster's front door serving on its own event loop in a thread of this process;
+    yields its URL and stops it on exit."""
+    from tenon.service.frontdoor import serve_front_door
+
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    url: list[str] = []
+    failed: list[BaseException] = []
+
+    def ready(bound: str) -> None:
+        url.append(bound)
+        started.set()
+
+    task = loop.create_task(serve_front_door(settings, ready=ready))
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=run, name="front-door", daemon=True)
+    thread.start()
+    started.wait(READY_TIMEOUT_S)
+    try:
+        if failed or not url:
+            raise RuntimeError("the front door did not start") from (
+                failed[0] if failed else None)
+        yield url[0]
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(STOP_TIMEOUT_S)
+        loop.close()
