@@ -66,3 +66,20 @@ class TraceError(TenonError, ValueError):
 
 class ModelError(TenonError, ValueError):
     """A saved predictor model is unusable (wrong feature version, corrupt)."""
+
+
+class ClusterFull(TenonError, RuntimeError):
+    """No node of the cluster has room for a new agent now; retry after `retry_after_s`."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NodeLost(TenonError, ConnectionError):
+    """A cluster node (its Tenon) is gone: its process died or its host left the cluster."""
+
+
+class AgentLost(RecoveryError):
+    """An agent of a lost node could not continue elsewhere (resident-only, or its committed
+    workspace could not be adopted); the reason says which."""

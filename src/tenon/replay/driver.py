@@ -22,17 +22,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from tenon.clock import Clock
 from tenon.errors import RecoveryError, SandboxError, TenonError
 from tenon.replay.loadprog import load_command
 from tenon.replay.schedule import Submission, own_length_s
 from tenon.replay.trace import Action
-from tenon.runtime.controller import Agent, Runtime
-from tenon.runtime.results import Outcome
+from tenon.runtime.results import ActionResult, Outcome
 from tenon.sandbox.sim import sim_load_command
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,64 @@ class WorkflowRecord:
         return self.end_s - self.submit_s
 
 
+class _Backend(Protocol):
+    @property
+    def simulated(self) -> bool: ...
+
+
+class _Events(Protocol):
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]: ...
+
+
+class ReplayAgent(Protocol):
+    """What the replay needs of an agent: `Agent`, or a cluster's `ClusterAgent`."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def workflow(self) -> str | None: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def num_actions_done(self) -> int: ...
+
+    interrupted: Any
+
+    async def run(self, command: str, *, timeout: float,  # noqa: ASYNC109
+                  action_class: str | None = None,
+                  issued_command: str | None = None) -> ActionResult: ...
+
+    async def close(self) -> None: ...
+
+
+class AgentHost(Protocol):
+    """What the replay needs of a runtime: `Runtime`, or a cluster's `Dispatcher`."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def backend(self) -> _Backend: ...
+
+    @property
+    def events(self) -> _Events: ...
+
+    @property
+    def recovered(self) -> Mapping[str, ReplayAgent]: ...
+
+    async def create_agent(self, *, image: str, family: str | None = ...,
+                           task_prompt: str | None = ..., profile_peak_bytes: int | None = ...,
+                           workflow: str | None = ..., task: str | None = ...
+                           ) -> ReplayAgent: ...
+
+
+# A change to one step's command before it runs: (submission, step number from 1, command).
+CommandDecorator = Callable[[Submission, int, str], str]
+
+
 def action_command(action: Action, *, speed: float, sim: bool) -> str:
     """The command that reproduces `action`: for a simulated backend (`sim`) always its
     profile in the simulator's language, else the command itself or the load program."""
@@ -81,6 +139,17 @@ def with_workspace_write(command: str, path: str, num_bytes: int) -> str:
     the exit code stays the command's."""
     return (f"{command}; rc=$?; head -c {int(num_bytes)} /dev/urandom > {path}; "
             f"exit $rc")
+
+
+async def _check_steps_kept(agent: ReplayAgent, num_steps: int) -> Outcome | None:
+    """None when the workspace holds every step's file, else a failed attempt (logged)."""
+    result = await agent.run(f"test $(ls /workspace/step-*.bin | wc -l) -eq {num_steps}",
+                             timeout=MIN_ACTION_TIMEOUT_S, action_class="check")
+    if result.outcome is Outcome.OK:
+        return None
+    logger.error("agent %s: its workspace lost step files (%s, exit %d)", agent.id,
+                 result.outcome.value, result.exit_code)
+    return result.outcome
 
 
 class Journal:
@@ -121,7 +190,7 @@ class Journal:
 
 
 async def replay(
-    runtime: Runtime,
+    runtime: AgentHost,
     submissions: Sequence[Submission],
     *,
     speed: float,
@@ -129,12 +198,17 @@ async def replay(
     on_done: Callable[[WorkflowRecord], None] | None = None,
     journal: Path | None = None,
     workspace_write_bytes: int = 0,
+    decorate: CommandDecorator | None = None,
+    check_workspace: bool = False,
 ) -> list[WorkflowRecord]:
     """Run every submission (concurrently, each at its submit time); one record each.
 
     With `journal`, the replay is resumable (see the module docstring); with
     `workspace_write_bytes`, each action also writes that many bytes into the agent's
-    workspace (`/workspace/step-<n>.bin`), so restarts have committed bytes to keep.
+    workspace (`/workspace/step-<n>.bin`), so restarts have committed bytes to keep; with
+    `check_workspace` too, each workflow ends by checking that every step's file is there
+    (one more action; a missing file fails the attempt). `decorate` changes each step's
+    command before it runs.
     """
     clock = runtime.clock
     sim = runtime.backend.simulated
@@ -158,7 +232,8 @@ async def replay(
                 agent, resumed = resumed, None
                 try:
                     outcome = await _attempt(runtime, sub, speed=speed, sim=sim, agent=agent,
-                                             write_bytes=workspace_write_bytes)
+                                             write_bytes=workspace_write_bytes,
+                                             decorate=decorate, check=check_workspace)
                 except (SandboxError, RecoveryError) as exc:
                     # a sandbox that would not start or was lost: a failed attempt, retried
                     logger.warning("workflow %s attempt %d: %s", sub.instance,
@@ -191,13 +266,13 @@ async def replay(
     return records
 
 
-async def _claim_recovered(runtime: Runtime, submissions: Sequence[Submission],
-                           done: Journal | None) -> dict[str, Agent]:
+async def _claim_recovered(runtime: AgentHost, submissions: Sequence[Submission],
+                           done: Journal | None) -> dict[str, ReplayAgent]:
     """Recovered agents that can carry on their workflow, by workflow instance; the rest
     (blocked, of a completed workflow, of no workflow in this replay) are discarded."""
     pending = {s.instance for s in submissions
                if done is None or s.instance not in done.completed}
-    claimed: dict[str, Agent] = {}
+    claimed: dict[str, ReplayAgent] = {}
     for agent in runtime.recovered.values():
         name = agent.workflow
         if name in pending and name not in claimed and not agent.failed:
@@ -212,8 +287,10 @@ async def _claim_recovered(runtime: Runtime, submissions: Sequence[Submission],
     return claimed
 
 
-async def _attempt(runtime: Runtime, sub: Submission, *, speed: float, sim: bool,
-                   agent: Agent | None = None, write_bytes: int = 0) -> Outcome | None:
+async def _attempt(runtime: AgentHost, sub: Submission, *, speed: float, sim: bool,
+                   agent: ReplayAgent | None = None, write_bytes: int = 0,
+                   decorate: CommandDecorator | None = None,
+                   check: bool = False) -> Outcome | None:
     """One attempt of the whole workflow; None when it completed, else what failed it.
     A recovered `agent` carries on from its next step (no model wait before it: the model
     answered before the crash)."""
@@ -235,12 +312,16 @@ async def _attempt(runtime: Runtime, sub: Submission, *, speed: float, sim: bool
             if write_bytes > 0:
                 command = with_workspace_write(command, f"/workspace/step-{number:04d}.bin",
                                                write_bytes)
+            if decorate is not None:
+                command = decorate(sub, number, command)
             result = await agent.run(command,
                                      timeout=action_timeout_s(action, speed),
                                      action_class=action.action_class,
                                      issued_command=action.command)
             if result.outcome.fails_attempt or result.outcome is Outcome.TIMEOUT:
                 return result.outcome
+        if check and write_bytes > 0 and not sim:
+            return await _check_steps_kept(agent, len(workflow.steps))
         return None
     finally:
         await agent.close()
