@@ -27,11 +27,11 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tenon.errors import RecoveryError
+from tenon.errors import RecoveryError, WorkspaceError
 from tenon.state.workspace import Manifest
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,37 @@ class RecoveryRecord:
     in_flight: str | None = None  # the action running when the record was last written
     interrupted: str | None = None  # an action a controller crash cut short
     committed_at: float | None = None  # when the last teardown was committed (wall clock)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-safe data (the manifest as its JSON document), for another
+        runtime's store to `import_record` after `from_dict`."""
+        doc = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        doc["backend_config"] = dict(self.backend_config)
+        doc["agent_meta"] = dict(self.agent_meta)
+        doc["manifest"] = None if self.manifest is None else json.loads(self.manifest.to_json())
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> RecoveryRecord:
+        """The record `to_dict` described; RecoveryError for unknown or missing fields or a
+        manifest that does not match the digest."""
+        unknown = set(doc) - set(_RECORD_FIELDS)
+        if unknown:
+            raise RecoveryError(f"unknown recovery record fields {sorted(unknown)}")
+        values = dict(doc)
+        manifest = values.get("manifest")
+        try:
+            if manifest is not None:
+                values["manifest"] = Manifest.from_json(json.dumps(manifest))
+            record = cls(**values)
+        except (TypeError, ValueError, WorkspaceError) as exc:
+            raise RecoveryError(f"unreadable recovery record: {exc}") from exc
+        if record.manifest is not None and record.manifest.digest != record.manifest_digest:
+            raise RecoveryError(f"agent {record.agent_id}: manifest does not match its digest")
+        return record
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(RecoveryRecord))
 
 
 def _encode_config(config: Mapping[str, Any]) -> str:
@@ -227,6 +258,40 @@ class RecoveryStore:
             digest[:12],
         )
         return self._require(agent_id)
+
+    def import_record(self, record: RecoveryRecord) -> RecoveryRecord:
+        """Durably make `record`, committed by another runtime's store, this store's record
+        of its agent (the agent moves here): generation, manifest, metadata, counts and
+        interrupted action as they were, nothing in flight. Only a committed record (torn
+        down or blocked, with a manifest) moves; a record of the agent already here at a
+        newer generation is refused. Importing the same record again changes nothing else."""
+        if record.state not in ("torn_down", "blocked") or record.manifest_digest is None:
+            raise RecoveryError(
+                f"agent {record.agent_id}: only a committed record with a manifest can be "
+                f"imported (state {record.state}, digest {record.manifest_digest})")
+        manifest_json = record.manifest.to_json() if record.manifest is not None else None
+        values = (
+            record.agent_id, record.generation, record.manifest_digest, manifest_json,
+            record.base_image, record.backend, _encode_config(record.backend_config),
+            record.state, record.reason, self._wall_clock(),
+            _encode_config(record.agent_meta), record.num_actions, record.num_restartable,
+            record.last_boundary, record.last_boundary_reason, None, record.interrupted,
+            record.committed_at,
+        )
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT generation FROM records WHERE agent_id = ?", (record.agent_id,)
+            ).fetchone()
+            if row is not None and record.generation < row[0]:
+                raise RecoveryError(
+                    f"agent {record.agent_id}: refusing to import generation "
+                    f"{record.generation} over committed generation {row[0]}")
+            db.execute(
+                f"INSERT OR REPLACE INTO records ({_COLUMNS}) "
+                f"VALUES ({', '.join('?' * len(values))})", values)
+        logger.info("agent %s: imported generation %d (digest %s)", record.agent_id,
+                    record.generation, record.manifest_digest[:12])
+        return self._require(record.agent_id)
 
     def mark_resident(self, agent_id: str, generation: int) -> RecoveryRecord:
         """Record that generation `generation` is materialized and verified."""

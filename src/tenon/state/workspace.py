@@ -24,6 +24,7 @@ the sandbox owns them to its sandbox uid, so no other host user or sandbox uid c
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -190,6 +191,79 @@ def scan(root: Path, *, fsync: bool) -> Manifest:
 
 def _raise(exc: OSError) -> None:
     raise exc
+
+
+def _move_file(src: Path, dst: Path) -> None:
+    """Move `src` over `dst`: a rename, or across filesystems a sparse copy renamed into
+    place (durably) before `src` is removed."""
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        partial = dst.with_name(dst.name + ".partial")
+        _copy_sparse(src, partial)
+        os.replace(partial, dst)
+        _fsync_path(dst.parent, directory=True)
+        src.unlink()
+    _fsync_path(dst.parent, directory=True)
+    _fsync_path(src.parent, directory=True)
+
+
+def _copy_sparse(src: Path, dst: Path) -> None:
+    """Copy `src` to `dst` (mode 0600) and fsync it, writing only the data extents: a
+    sparse image stays sparse (and its size is what the agent wrote, not its limit)."""
+    fd_in = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            size = os.fstat(fd_in).st_size
+            offset = 0
+            while offset < size:
+                try:
+                    offset = os.lseek(fd_in, offset, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
+                        raise
+                    break
+                end = os.lseek(fd_in, offset, os.SEEK_HOLE)
+                while offset < end:
+                    chunk = os.pread(fd_in, min(_CHUNK_BYTES, end - offset), offset)
+                    if not chunk:
+                        raise OSError(errno.EIO, f"{src} ended early at byte {offset}")
+                    offset += os.pwrite(fd_out, chunk, offset)
+            os.ftruncate(fd_out, size)
+            os.fsync(fd_out)
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+
+
+def _move_tree(src: Path, dst: Path) -> None:
+    """Move the directory `src` over `dst`: a rename, or across filesystems a copy (owners
+    and modes kept, every file and directory fsynced) renamed into place before `src` goes."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        partial = dst.with_name(dst.name + ".partial")
+        if partial.exists():
+            shutil.rmtree(partial)
+        shutil.copytree(src, partial, symlinks=True)
+        for top, dirs, files in os.walk(src):
+            for name in (top, *(os.path.join(top, n) for n in (*dirs, *files))):
+                st = os.lstat(name)
+                os.lchown(partial / os.path.relpath(name, src), st.st_uid, st.st_gid)
+        scan(partial, fsync=True)
+        os.rename(partial, dst)
+        _fsync_path(dst.parent, directory=True)
+        shutil.rmtree(src)
+    _fsync_path(dst.parent, directory=True)
+    _fsync_path(src.parent, directory=True)
 
 
 @dataclass(frozen=True)
@@ -455,6 +529,52 @@ class WorkspaceStore:
         except OSError as exc:
             raise WorkspaceError(f"cannot unmount workspaces under {self._root}: {exc}") from exc
         return len(set(mounted))
+
+    def unmount(self, agent_id: str) -> None:
+        """Unmount the agent's root (its image stays, for `attach` to mount again); a no-op
+        for a plain directory or a root not mounted."""
+        path = self.path_for(agent_id)
+        try:
+            diskfs.unmount(path)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot unmount workspace {path}: {exc}") from exc
+
+    def move_in(self, agent_id: str, source: WorkspaceStore) -> Path:
+        """Move the agent's persistent root (its directory and, when it has one, its image)
+        from `source`, another state directory's store, into this one, unmounted; its path
+        here. A rename when both lie on one filesystem, else a copy made durable under a
+        temporary name and renamed into place before the source goes: a crash leaves the
+        root whole on at least one side, and running this again finishes the move. While
+        the source holds the root it is the one that counts (it replaces a copy here)."""
+        path, src_path = self.path_for(agent_id), source.path_for(agent_id)
+        image, src_image = self.image_for(agent_id), source.image_for(agent_id)
+        if path == src_path:
+            raise WorkspaceError(f"workspace {path}: source and destination are the same")
+        try:
+            if src_image.exists() or src_path.is_dir():
+                diskfs.unmount(src_path)
+                diskfs.unmount(path)
+            self._make_dir(self._root, _ROOT_MODE)
+            if src_image.exists() or image.exists():  # the root is an image's mount point
+                self._make_dir(image.parent, _PRIVATE_MODE)
+                if src_image.exists():
+                    _move_file(src_image, image)
+                self._make_dir(path, _PRIVATE_MODE)
+                if src_path.is_dir():
+                    src_path.rmdir()  # an empty mount point; anything in it is not moved
+            elif src_path.is_dir():
+                _move_tree(src_path, path)
+            elif not path.is_dir():
+                raise WorkspaceError(
+                    f"agent {agent_id} has no persistent root in {source.root} or {self._root}")
+            _fsync_path(self._root, directory=True)
+            if source.root.is_dir():
+                _fsync_path(source.root, directory=True)
+        except OSError as exc:  # HostError is one
+            raise WorkspaceError(
+                f"cannot move workspace {src_path} to {path}: {exc}") from exc
+        logger.info("workspace %s moved in from %s", agent_id, source.root)
+        return path
 
     def _limits_for(self, agent_id: str, config: Mapping[str, Any]) -> DiskLimits | None:
         asked = [key for key in DiskLimits.CONFIG_KEYS if key in config]
