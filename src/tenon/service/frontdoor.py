@@ -13,10 +13,11 @@ door) does not know the cluster exists:
   from every node's `GET /tenon/load` each `placement.refresh_s` (a node that does not
   answer is not alive). The chosen node's load counts the new sandbox (`with_agent`) until
   its next reading;
-- when no node has room the answer is HTTP 503 with a `Retry-After` header and a one-line
-  message naming why, node by node. The e2b SDK retries a 503 (`ConnectionConfig.retries`,
-  3 by default, waiting `Retry-After` seconds), then raises `e2b.ServiceBusyException`
-  ("503: Service temporarily unavailable, please retry. - <message>");
+- when no node has room the answer is HTTP 503 with a `Retry-After` header (whole seconds,
+  as the SDK reads it) and a one-line message naming why, node by node. The e2b SDK
+  retries a 503 (`ConnectionConfig.retries`, 3 by default, waiting `Retry-After` seconds),
+  then raises `e2b.ServiceBusyException` ("503: Service temporarily unavailable, please
+  retry. - <message>");
 - `GET /sandboxes` and `GET /v2/sandboxes` merge every node's listing; the front door pages
   the merged list itself (`limit`, `nextToken`, `x-next-token`);
 - an id the front door does not know makes it list every node once (a restarted front door
@@ -214,7 +215,8 @@ class FrontDoor:
                 response.raise_for_status()
                 found: list[dict[str, Any]] = response.json()
             except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("front door: node %s does not list: %r", node.name, exc)
+                if self.loads[node.name].alive:  # a lost node is reported by its loads
+                    logger.warning("front door: node %s does not list: %r", node.name, exc)
                 return []
             for sandbox in found:
                 self.placed[sandbox["sandboxID"]] = node.name
