@@ -140,9 +140,14 @@ async def test_release_refuses_busy_resident_only_and_unknown_agents_changing_no
     kept = await a.create_agent()
     assert (await kept.run("sleep 300 >/dev/null 2>&1 &", timeout=60)).ok
     assert a.residency_of(kept.id) == "resident_only"
+    ready = asyncio.Event()
+    stop = a.events.subscribe(
+        lambda e: ready.set() if e["kind"] == "action_start" and e["agent_id"] == busy.id
+        else None)
     running = asyncio.ensure_future(busy.run("sleep 3", timeout=60))
-    while a.residency_of(busy.id) != "busy":
-        await asyncio.sleep(0.02)
+    await ready.wait()
+    stop()
+    assert a.residency_of(busy.id) == "busy"
 
     why = await release_agent(a, busy.id)
     assert isinstance(why, str)
@@ -187,7 +192,7 @@ asyncio.run(main(Path(sys.argv[1])))
 """
 
 
-async def start_child_controller(run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_child_controller(run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     """A controller in a child process over `run_dir`, once its three agents are in place."""
     run_dir.mkdir(parents=True)
     with log.open("wb") as out:
@@ -197,14 +202,25 @@ async def start_child_controller(run_dir: Path, log: Path) -> subprocess.Popen[b
     while not (run_dir / "ready").exists():
         assert child.poll() is None, log.read_text()
         assert time.monotonic() < deadline, log.read_text()
-        await asyncio.sleep(0.1)
+        time.sleep(0.1)
     return child
+
+
+def clean_up_after(child: subprocess.Popen[bytes], domain: str, base: Path) -> None:
+    """What a failed take-over test may leave: the child, its domain, mounts."""
+    if child.poll() is None:
+        child.kill()
+        child.wait()
+    if domain_cgroups(domain):  # the take-over did not get that far
+        WorkloadDomain.open(domain).remove()
+    for point in reversed(mounts_under(base)):
+        subprocess.run(["umount", "--lazy", point], check=False)
 
 
 async def test_take_over_adopts_what_a_killed_runtime_committed_and_fails_the_rest(tmp_path):
     _need_real()
     dead_dir = tmp_path / "node-a"
-    child = await start_child_controller(dead_dir, tmp_path / "node-a.log")
+    child = start_child_controller(dead_dir, tmp_path / "node-a.log")
     dead_domain = domain_of(dead_dir)
     try:
         assert json.loads((dead_dir / "ready").read_text()) == {
@@ -237,11 +253,5 @@ async def test_take_over_adopts_what_a_killed_runtime_committed_and_fails_the_re
             assert not (dead_dir / "workspaces" / "idle").exists()
             assert (dead_dir / "workspaces" / ".images" / "held.ext4").is_file()
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        if domain_cgroups(dead_domain):  # the take-over did not get that far
-            WorkloadDomain.open(dead_domain).remove()
-        for point in reversed(mounts_under(tmp_path)):
-            subprocess.run(["umount", "--lazy", point], check=False)
+        clean_up_after(child, dead_domain, tmp_path)
     assert_nothing_left(tmp_path, [dead_domain, domain_of(tmp_path / "node-b")])
