@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tenon.errors import WorkspaceError
 from tenon.host import diskfs
 from tenon.host.domain import WorkloadDomain
 from tenon.host.leftovers import domain_cgroups, mounts_under
@@ -27,8 +28,9 @@ from tenon.runtime.handoff import Handoff, adopt_agent, forget_agent, release_ag
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import AgentClosed
 from tenon.sandbox.uids import shared_allocator
-from tenon.state.recovery import RecoveryStore
+from tenon.state.recovery import RecoveryRecord, RecoveryStore
 from tenon.state.statedir import StateDirBusy
+from tenon.state.workspace import WorkspaceStore
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups, pytest.mark.disk, pytest.mark.slow]
 
@@ -96,6 +98,8 @@ async def test_a_released_agent_continues_on_the_adopting_runtime_with_its_files
     assert a.workspaces.image_for(agent.id).is_file()  # kept until adopted
     with pytest.raises(AgentClosed):
         await agent.run("true", timeout=5)
+    with pytest.raises(WorkspaceError, match="still in"):  # not adopted yet: keep the record
+        forget_agent(a, agent.id)
 
     moved = await adopt_agent(b, handoff)
     assert (moved.num_actions_done, moved.workflow) == (2, "wf-move")
@@ -127,9 +131,28 @@ async def test_release_tears_a_resident_restartable_agent_down_itself(two_nodes)
     assert isinstance(handoff, Handoff), handoff
     assert [e["agent_id"] for e in a.events.of_kind("teardown")] == [agent.id]
     assert a.residency.sandbox_for(agent.id) is None
+    # an adoption cut short after the record and the root moved: adopting again finishes it
+    b._recovery.import_record(RecoveryRecord.from_dict(handoff.record))
+    source = WorkspaceStore(handoff.source_state_dir, limits=b.workspaces.limits)
+    b.workspaces.move_in(agent.id, source)
     moved = await adopt_agent(b, handoff)
+    assert moved.num_actions_done == 1
     seen = await moved.run("cat /workspace/f", timeout=60)
     assert seen.output == "warm\n"
+    forget_agent(a, agent.id)
+
+
+async def test_an_agent_that_never_ran_is_released_with_an_empty_root(two_nodes):
+    a, b = two_nodes
+    agent = await a.create_agent(workflow="wf-new")
+    handoff = await release_agent(a, agent.id)
+    assert isinstance(handoff, Handoff), handoff
+    assert (handoff.num_actions, handoff.record["generation"]) == (0, 0)
+    moved = await adopt_agent(b, handoff)
+    assert b.residency_of(agent.id) == "new"
+    first = await moved.run("ls -A /workspace; echo first", timeout=60)
+    assert first.output == "first\n"
+    assert first.action_id == f"{agent.id}-a0001"
     forget_agent(a, agent.id)
 
 
