@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -180,6 +181,45 @@ def test_a_new_front_door_finds_existing_sandboxes(cluster: Cluster) -> None:
             assert sum(n["sandboxes"] for n in nodes["nodes"]) >= 1
     finally:
         sbx.kill()
+
+
+def test_loads_are_read_again_and_a_lost_node_gets_nothing(cluster: Cluster) -> None:
+    """A placement counts on its node until the node's next reading; a node that stops
+    answering is not alive at the next reading and is not chosen until it answers again."""
+    settings = make_settings(cluster.nodes, cluster.dead_url, refresh_s=0.2)
+    n2 = cluster.nodes["n2"]
+    with running_front_door(settings) as url, _sdk_env(url):
+        def nodes() -> dict[str, dict[str, Any]]:
+            got = httpx.get(f"{url}/tenon/nodes", headers={"X-API-Key": FRONT_KEY}).json()
+            return {n["name"]: n["load"] for n in got["nodes"]}
+
+        peak = 100 << 20
+        sbx = Sandbox.create(metadata={"tenon.profile_peak_bytes": str(peak)})
+        try:
+            where = next(name for name in ("n1", "n2") if sbx.sandbox_id in cluster.on_node(name))
+            _eventually(lambda: nodes()[where]["queued_bytes"] == 0)  # read again
+            assert nodes()[where]["live_agents"] >= 1
+
+            n2.stop()
+            _eventually(lambda: not nodes()["n2"]["alive"])
+            others = [Sandbox.create() for _ in range(2)]
+            try:
+                assert {o.sandbox_id for o in others} <= cluster.on_node("n1")
+            finally:
+                for other in others:
+                    other.kill()
+        finally:
+            if n2.proc is None:
+                n2.start()
+            _eventually(lambda: nodes()["n2"]["alive"])
+            sbx.kill()
+
+
+def _eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.1)
 
 
 def test_no_room_is_a_retryable_503(cluster: Cluster) -> None:

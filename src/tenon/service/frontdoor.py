@@ -218,8 +218,12 @@ class FrontDoor:
                 if self.loads[node.name].alive:  # a lost node is reported by its loads
                     logger.warning("front door: node %s does not list: %r", node.name, exc)
                 return []
-            for sandbox in found:
-                self.placed[sandbox["sandboxID"]] = node.name
+            listed = {sandbox["sandboxID"] for sandbox in found}
+            if not query:  # the whole listing: what the node no longer has is gone
+                for gone in [i for i, n in self.placed.items()
+                             if n == node.name and i not in listed]:
+                    del self.placed[gone]
+            self.placed.update(dict.fromkeys(listed, node.name))
             return found
 
         parts = await asyncio.gather(*(one(node) for node in self.nodes.values()))
@@ -314,6 +318,10 @@ class FrontDoor:
                 logger.warning("front door: node %s unreachable: %r", node.name, exc)
                 self.loads[node.name] = dataclasses.replace(self.loads[node.name], alive=False)
                 continue
+            except httpx.TransportError as exc:  # it may have created the sandbox: no retry
+                await _send_error(send, 502, f"node {node.name} failed while creating the "
+                                  f"sandbox: {exc!r}")
+                return
             break
         self._proxied.labels(node.name, "control").inc()
         if response.status_code == 201:
