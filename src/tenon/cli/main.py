@@ -19,6 +19,7 @@ from rich.table import Table
 
 from tenon.cli.agents import agents_app
 from tenon.cli.bench import actuators_cmd, faults_cmd
+from tenon.cli.cluster import cluster_app
 from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
 from tenon.cli.predict import predict_app
 from tenon.cli.serve import serve_cmd
@@ -35,6 +36,7 @@ import_app = typer.Typer(no_args_is_help=True, help="Build traces from real agen
 app.add_typer(import_app, name="import")
 app.add_typer(predict_app, name="predict")
 app.add_typer(agents_app, name="agents")
+app.add_typer(cluster_app, name="cluster")
 bench_app.command("faults")(faults_cmd)
 bench_app.command("actuators")(actuators_cmd)
 app.command("serve")(serve_cmd)
