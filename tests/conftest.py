@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-REAL_MARKERS = ("docker", "cgroups", "sandbox", "disk", "vm")
+REAL_MARKERS = ("docker", "cgroups", "sandbox", "disk", "vm", "ray")
 IN_VM = os.environ.get("TENON_IN_VM") == "1"  # set by the test VM's init (scripts/vm/guest-init.sh)
 
 
