@@ -62,7 +62,7 @@ def bench_cmd(
         "--set", help="Per-node policy parameter key=value (repeatable).")] = None,
 ) -> None:
     """Replay a trace through a Ray cluster of Tenon nodes, placement by placement."""
-    from tenon.cli.bench import parse_settings
+    from tenon.cli.bench import interruptible, parse_settings
     from tenon.cluster.bench import ClusterBenchConfig, run_cluster_bench
 
     try:
@@ -77,8 +77,9 @@ def bench_cmd(
             resident_only_every=resident_only_every,
             workspace_write_bytes=parse_size(workspace_write, what="--workspace-write"),
             shared_dir=shared_dir, policy_config=parse_settings(setting or [])))
-        summary = asyncio.run(run_cluster_bench(
-            config, on_placement=lambda p: typer.echo(f"placement {p}...", err=True)))
+        with interruptible():
+            summary = asyncio.run(run_cluster_bench(
+                config, on_placement=lambda p: typer.echo(f"placement {p}...", err=True)))
     except (TenonError, ValidationError, ValueError) as exc:
         fail(exc, _NAMES)
     typer.echo(table(summary))

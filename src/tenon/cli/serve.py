@@ -36,6 +36,9 @@ def serve_cmd(
         help="Largest file a client may write through the files API.")] = "100MiB",
     setting: Annotated[list[str] | None, typer.Option(
         "--set", help="Policy parameter key=value (repeatable).")] = None,
+    node_name: Annotated[str | None, typer.Option(
+        help="The name this server's load is published under (GET /tenon/load) for a "
+             "cluster's front door (default: $TENON_NODE_NAME, else the hostname).")] = None,
 ) -> None:
     """Serve E2B's API (the official SDK works unchanged) over Tenon's runtime."""
     from tenon.cli.bench import parse_settings
@@ -53,7 +56,8 @@ def serve_cmd(
                                  port=int(port), api_keys=tuple(keys), policy=policy,
                                  policy_config=parse_settings(setting or []),
                                  max_write_bytes=parse_size(max_file_size,
-                                                            what="--max-file-size"))
+                                                            what="--max-file-size"),
+                                 **({"node_name": node_name} if node_name else {}))
         asyncio.run(serve(settings, announce=[f"tenon serve: API keys from {source}"]))
     except (TenonError, ValidationError, ValueError) as exc:
         fail(exc, {"budget_bytes": "--budget", "port": "--listen",
