@@ -164,8 +164,9 @@ async def test_a_replay_through_the_dispatcher_completes_every_workflow(
         assert sum(r.oom_events for r in records) == 0
         assert dispatcher.stats.placements == len(subs)
         assert len(dispatcher.stats.per_node) > 1
-        figures = [n for n in [await node.actor.figures.remote() for node in nodes]]
+        figures = [await node.actor.figures.remote() for node in nodes]
         assert sum(f["oom_kills"] for f in figures) == 0
+        assert sum(f["peak_memory_bytes"] > 0 for f in figures) == len(dispatcher.stats.per_node)
 
 
 def test_sandboxes_through_one_front_door_land_on_several_nodes(ray_cluster: RayCluster):
