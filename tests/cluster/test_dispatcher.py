@@ -216,13 +216,18 @@ def test_torn_down_agents_move_off_a_saturated_node_and_keep_running(tmp_path: P
                 assert dispatcher.loads["s0"].ratio() >= 1.5, dispatcher.loads["s0"]
                 assert dispatcher.loads["s1"].live_agents == 0
 
+                # resident (not torn down): it stays, its node's policy did not tear it down
+                assert (await idle.run(load(10, 20, 0.5), timeout=60)).ok
+                assert idle.node == "s0"
+                assert dispatcher.stats.moves == 0
+                assert await hot.runtime.teardown_now(idle.id) is None
                 moved = await idle.run(load(10, 20, 0.5), timeout=60)
                 assert moved.ok
                 assert idle.node == "s1"
                 assert dispatcher.stats.moves >= 1
                 assert idle.id in cool.runtime.agents
                 assert idle.id not in hot.runtime.agents
-                assert idle.num_actions_done == 2
+                assert idle.num_actions_done == 3
                 assert cool.runtime.boundary.tally.num_rebuilds >= 1
                 results = await asyncio.gather(*busy)
                 assert all(r.ok for r in results), [r.output for r in results]

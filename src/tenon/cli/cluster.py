@@ -108,7 +108,12 @@ def sim_cmd(
     hosts: Annotated[str, typer.Option(help="Comma-separated host counts.")] = "10,25,50,100",
     agents_per_host: Annotated[str, typer.Option(help="Comma-separated.")] = "50,200",
     node_budget: Annotated[str, typer.Option(help="Each simulated host's budget.")] = "2GiB",
-    steps: Annotated[int, typer.Option(help="Each workflow cut to its first N steps.")] = 3,
+    steps: Annotated[int, typer.Option(
+        help="Each workflow cut to its first N steps (0: whole workflows).")] = 3,
+    window: Annotated[str, typer.Option(help="Submission window.")] = "60s",
+    single: Annotated[bool, typer.Option(
+        help="After each point, the same workflows on one host with the whole budget.")
+    ] = False,
 ) -> None:
     """The same dispatcher and per-node Tenon on simulated hosts: placement cost as hosts
     and agents grow."""
@@ -119,13 +124,16 @@ def sim_cmd(
         points = simulate_cluster(
             load_trace(trace), hosts=[int(h) for h in hosts.split(",")],
             agents_per_host=[int(a) for a in agents_per_host.split(",")],
-            node_budget_bytes=parse_size(node_budget, what="--node-budget"), steps=steps)
+            node_budget_bytes=parse_size(node_budget, what="--node-budget"), steps=steps,
+            window_s=_seconds(window, "--window") or 60.0, single=single)
         write_text(out, json.dumps(points, indent=2) + "\n", what="--out")
     except (TenonError, ValidationError, ValueError) as exc:
         fail(exc)
     for p in points:
-        typer.echo(f"{p['hosts']:>4} hosts x {p['agents_per_host']:>4} agents: "
-                   f"decision p50 {p['decision_p50_us']} us p99 {p['decision_p99_us']} us, "
+        typer.echo(f"{p['hosts']:>4} hosts x {p['agents_per_host']:>4} agents "
+                   f"({p['node_budget_bytes'] >> 20} MiB each): makespan {p['makespan_s']} s, "
+                   f"{p['oom_events']} OOM, {p['moves']} moves; decision p50 "
+                   f"{p['decision_p50_us']} us p99 {p['decision_p99_us']} us, "
                    f"dispatcher CPU {p['dispatcher_cpu_s']} s of {p['process_cpu_s']} s, "
                    f"{p['completed']}/{p['workflows']} completed")
 

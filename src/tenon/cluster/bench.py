@@ -44,6 +44,7 @@ from tenon.cluster.node import NodeSpec
 from tenon.cluster.ray_nodes import RayNode, alive_node_ids, start_nodes
 from tenon.cluster.reserve import run_reserved
 from tenon.errors import ConfigError
+from tenon.host.procs import is_alive
 from tenon.policy.config import PolicyConfig
 from tenon.policy.placement import PlacementConfig
 from tenon.predict.online import OnlinePredictor
@@ -236,8 +237,13 @@ async def _remove_node_later(cluster: Any, node: RayNode, at_s: float) -> dict[s
     await asyncio.sleep(at_s)
     target = next(n for n in cluster.list_all_nodes() if n.node_id == node.node_id)
     await asyncio.to_thread(cluster.remove_node, target, False)
+    # The node's actor answers until it notices its raylet is gone: wait for its process.
+    waited = 0.0
+    while waited < 30.0 and is_alive(node.pid):
+        await asyncio.sleep(0.1)
+        waited += 0.1
     logger.warning("removed Ray node %s (Tenon node %s)", node.node_id[:8], node.name)
-    return {"node": node.name, "at_s": at_s}
+    return {"node": node.name, "at_s": at_s, "actor_exited_after_s": round(waited, 1)}
 
 
 async def run_cluster_bench(config: ClusterBenchConfig, *,

@@ -132,10 +132,15 @@ class TenonNode:
         if agent is not None:
             await agent.close()
 
-    async def release(self, agent_id: str) -> Handoff | str:
-        """Release an idle, torn-down agent for another node (a reason when it cannot go)."""
+    async def release(self, agent_id: str, *, tear_down: bool = False) -> Handoff | str:
+        """Release an idle, torn-down agent for another node (a reason when it cannot go).
+        A resident agent goes only with `tear_down` (torn down first, when restartable):
+        moving it costs a teardown the node's own policy did not choose."""
         if agent_id not in self._agents:
             return f"no open agent {agent_id!r} on node {self.name}"
+        where = self.runtime.residency_of(agent_id)
+        if where != "torn_down" and not (tear_down and where == "resident"):
+            return f"{where}: only a torn-down agent moves"
         released = await release_agent(self.runtime, agent_id)
         if isinstance(released, Handoff):
             self._agents.pop(agent_id, None)

@@ -43,7 +43,9 @@ from tenon.sandbox.sim import SimBackend, SimDomain
 
 
 def cut(workflows: Sequence[Workflow], steps: int) -> list[Workflow]:
-    """Each workflow cut to its first `steps` steps."""
+    """Each workflow cut to its first `steps` steps (0: whole)."""
+    if steps <= 0:
+        return list(workflows)
     return [w.model_copy(update={"steps": w.steps[:steps]}) for w in workflows]
 
 
@@ -125,19 +127,27 @@ async def _point(trace: Trace, *, hosts: int, agents_per_host: int, node_budget_
 def simulate_cluster(trace: Trace, *, hosts: Sequence[int], agents_per_host: Sequence[int],
                      node_budget_bytes: int, steps: int = 3, speed: float = 10.0,
                      window_s: float = 60.0, seed: int = 0,
-                     placement: PlacementConfig | None = None) -> list[dict[str, Any]]:
-    """Every (hosts, agents per host) point, smallest first; one dict of figures each."""
+                     placement: PlacementConfig | None = None,
+                     single: bool = False) -> list[dict[str, Any]]:
+    """Every (hosts, agents per host) point, smallest first; one dict of figures each.
+    With `single`, each point is followed by the same workflows on one host with the whole
+    cluster's budget (`single: true` in its figures)."""
     import asyncio
 
     points = []
-    for num_hosts in sorted(hosts):
-        for per_host in sorted(agents_per_host):
-            clock = FakeClock()
-            with tempfile.TemporaryDirectory(prefix="tenon-cluster-sim-") as tmp:
-                points.append(asyncio.run(run_simulated(
-                    _point(trace, hosts=num_hosts, agents_per_host=per_host,
-                           node_budget_bytes=node_budget_bytes, steps=steps, speed=speed,
-                           window_s=window_s, seed=seed, clock=clock, tmp=Path(tmp),
-                           placement=placement),
-                    clock, max_time_s=7 * 86_400)))
+    grid = [(h, a, node_budget_bytes, False) for h in sorted(hosts)
+            for a in sorted(agents_per_host)]
+    if single:
+        grid = [p for h, a, b, _ in grid
+                for p in ((h, a, b, False), (1, h * a, h * b, True))]
+    for num_hosts, per_host, budget, alone in grid:
+        clock = FakeClock()
+        with tempfile.TemporaryDirectory(prefix="tenon-cluster-sim-") as tmp:
+            point = asyncio.run(run_simulated(
+                _point(trace, hosts=num_hosts, agents_per_host=per_host,
+                       node_budget_bytes=budget, steps=steps, speed=speed,
+                       window_s=window_s, seed=seed, clock=clock, tmp=Path(tmp),
+                       placement=placement),
+                clock, max_time_s=7 * 86_400))
+        points.append({**point, "single": alone, "node_budget_bytes": budget})
     return points
