@@ -114,18 +114,23 @@ def sim_cmd(
     single: Annotated[bool, typer.Option(
         help="After each point, the same workflows on one host with the whole budget.")
     ] = False,
+    strategy: Annotated[str, typer.Option(
+        help="Placement: p2c, least-loaded or round-robin.")] = "p2c",
 ) -> None:
     """The same dispatcher and per-node Tenon on simulated hosts: placement cost as hosts
     and agents grow."""
     from tenon.cluster.sim import simulate_cluster
+    from tenon.policy.placement import PlacementConfig
     from tenon.replay.trace import load_trace
 
     try:
+        placement = PlacementConfig.model_validate({"strategy": strategy})
         points = simulate_cluster(
             load_trace(trace), hosts=[int(h) for h in hosts.split(",")],
             agents_per_host=[int(a) for a in agents_per_host.split(",")],
             node_budget_bytes=parse_size(node_budget, what="--node-budget"), steps=steps,
-            window_s=_seconds(window, "--window") or 60.0, single=single)
+            window_s=_seconds(window, "--window") or 60.0, single=single,
+            placement=placement)
         write_text(out, json.dumps(points, indent=2) + "\n", what="--out")
     except (TenonError, ValidationError, ValueError) as exc:
         fail(exc)

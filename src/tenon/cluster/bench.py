@@ -68,6 +68,8 @@ _STRATEGY = {"tenon": "p2c", "least-loaded": "least-loaded", "round-robin": "rou
              "single": "p2c"}
 # A background process left running: the boundary after it is resident-only.
 RESIDENT_ONLY_SUFFIX = "; rc=$?; (sleep 86400 </dev/null >/dev/null 2>&1 &); exit $rc"
+# The same, started before the command (a command may end with its own `exit`).
+RESIDENT_ONLY_PREFIX = "(sleep 86400 </dev/null >/dev/null 2>&1 &); "
 
 
 class ClusterBenchConfig(BaseModel):
@@ -163,7 +165,7 @@ def decorator(config: ClusterBenchConfig, subs: Sequence[Submission]
 
     def decorate(sub: Submission, number: int, command: str) -> str:
         if number == 1 and sub.instance in chosen:
-            return command + RESIDENT_ONLY_SUFFIX
+            return RESIDENT_ONLY_PREFIX + command
         return command
     return decorate
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tenon.cluster.node import NodeSpec, TakeOverReport, TenonNode
@@ -114,6 +114,11 @@ class RayNode:
             return await getattr(self.actor, method).remote(*args)
         except _LOST as exc:
             raise NodeLost(f"node {self._name}: {type(exc).__name__}") from exc
+        except RayTaskError as exc:  # the node's own error, without Ray's wrapping
+            cause = exc.cause
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
 
     async def load(self) -> NodeLoad:
         load: NodeLoad = await self._call("load")
