@@ -46,7 +46,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
-import uvicorn
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -56,11 +55,11 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tenon.errors import ConfigError
 from tenon.policy.placement import NodeLoad, NoRoom, PlacementConfig, choose_node
 from tenon.service.api import LOAD_PATH
 from tenon.service.app import API_KEY_HEADER, Receive, Scope, Send
 from tenon.service.envd_process import SANDBOX_HEADER
+from tenon.service.listen import listening
 
 logger = logging.getLogger(__name__)
 
@@ -517,35 +516,20 @@ async def serve_front_door(settings: FrontDoorSettings, *,
     door = FrontDoor(settings)
     await door.start()
     try:
-        config = uvicorn.Config(door, host=settings.host, port=settings.port,
-                                log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5, backlog=4096)
-        config.load()
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)  # what Server.serve() sets up
-        try:
-            await server.startup()
-        except SystemExit as exc:  # uvicorn exits when it cannot bind
-            raise ConfigError(f"cannot listen on {settings.host}:{settings.port} (in use, "
-                              "or not an address of this host)") from exc
-        if server.should_exit:
-            raise ConfigError(f"cannot listen on {settings.host}:{settings.port}")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        handled = []
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
-                loop.add_signal_handler(signum, stop.set)
-                handled.append(signum)
-        try:
-            bound = server.servers[0].sockets[0].getsockname()[1]
-            if ready is not None:
-                ready(f"http://{settings.host}:{bound}")
-            await stop.wait()
-        finally:
-            for signum in handled:
-                loop.remove_signal_handler(signum)
-            server.should_exit = True
-            await server.shutdown()
+        async with listening(door, settings.host, settings.port) as url:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            handled = []
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(RuntimeError, ValueError):  # not the main thread
+                    loop.add_signal_handler(signum, stop.set)
+                    handled.append(signum)
+            try:
+                if ready is not None:
+                    ready(url)
+                await stop.wait()
+            finally:
+                for signum in handled:
+                    loop.remove_signal_handler(signum)
     finally:
         await door.close()

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 
 from tenon.errors import ConfigError
@@ -31,6 +30,7 @@ from tenon.runtime.controller import Runtime
 from tenon.runtime.open import open_runtime
 from tenon.service.api import load_route
 from tenon.service.app import TenonApp
+from tenon.service.listen import listening
 from tenon.service.live import LiveView
 from tenon.service.metrics import metrics_route
 from tenon.service.sessions import DEFAULT_TEMPLATE, SessionManager
@@ -140,24 +140,8 @@ async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
         pages = [*_pages(runtime, live), load_route(runtime, node_name or default_node_name())]
         app = TenonApp(sessions, api_keys, extra_routes=pages,
                        max_write_bytes=max_write_bytes)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                lifespan="off", timeout_graceful_shutdown=5, backlog=4096)
-        config.load()
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)  # what Server.serve() sets up
-        try:
-            await server.startup()
-        except SystemExit as exc:  # uvicorn exits when it cannot bind
-            raise ConfigError(f"cannot listen on {host}:{port} (in use, or not an address "
-                              "of this host)") from exc
-        if server.should_exit:
-            raise ConfigError(f"cannot listen on {host}:{port}")
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        try:
-            yield f"http://{host}:{bound}"
-        finally:
-            server.should_exit = True
-            await server.shutdown()
+        async with listening(app, host, port) as url:
+            yield url
     finally:
         await live.stop()
         await sessions.close()
