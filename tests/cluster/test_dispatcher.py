@@ -15,7 +15,6 @@ import pytest
 
 from tenon.clock import FakeClock, run_simulated
 from tenon.cluster.dispatcher import Dispatcher
-from tenon.cluster.handles import LocalNode
 from tenon.cluster.node import TenonNode
 from tenon.cluster.sim import _opener, simulate_cluster
 from tenon.errors import ClusterFull, NodeLost
@@ -38,16 +37,16 @@ def simulate(tmp_path: Path, main: Callable[[FakeClock, Path], Awaitable[Any]]) 
 
 @contextlib.asynccontextmanager
 async def sim_nodes(clock: FakeClock, tmp: Path, count: int, budget: int = GIB
-                    ) -> AsyncIterator[list[tuple[TenonNode, LocalNode]]]:
+                    ) -> AsyncIterator[list[tuple[TenonNode, TenonNode]]]:
     async with contextlib.AsyncExitStack() as stack:
         nodes = []
         for i in range(count):
             name = f"s{i}"
             node = TenonNode(name, _opener(clock, budget, tmp / name, None,  # type: ignore[arg-type]
-                                           PolicyConfig()))
+                                           PolicyConfig()), tmp / name)
             await node.start()
             stack.push_async_callback(node.stop)
-            nodes.append((node, LocalNode(node, tmp / name)))
+            nodes.append((node, node))
         yield nodes
 
 
@@ -58,7 +57,7 @@ def load(avg_mib: int, peak_mib: int, duration_s: float) -> str:
 class Gated:
     """A node that reports no room while `closed` (placement goes elsewhere)."""
 
-    def __init__(self, node: LocalNode) -> None:
+    def __init__(self, node: TenonNode) -> None:
         self._node = node
         self.closed = True
 

@@ -74,10 +74,13 @@ class TakeOverReport:
 
 
 class TenonNode:
-    """A started runtime and its open agents; every call names an agent by id."""
+    """A started runtime and its open agents; every call names an agent by id. In this
+    process it is itself the dispatcher's `NodeHandle`."""
 
-    def __init__(self, name: str, opener: RuntimeOpener) -> None:
+    def __init__(self, name: str, opener: RuntimeOpener, node_dir: Path) -> None:
         self.name = name
+        self.node_dir = node_dir
+        """The node's state directory (what another node takes over when this one is lost)."""
         self._opener = opener
         self._stack = contextlib.AsyncExitStack()
         self._runtime: Runtime | None = None

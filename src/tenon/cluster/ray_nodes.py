@@ -42,7 +42,7 @@ class TenonNodeActor:
     def __init__(self, spec: NodeSpec) -> None:
         logging.basicConfig(level=logging.WARNING)
         self._spec = spec
-        self._node = TenonNode(spec.name, spec.opener())
+        self._node = TenonNode(spec.name, spec.opener(), spec.node_dir)
 
     async def start(self) -> dict[str, Any]:
         await self._node.start()

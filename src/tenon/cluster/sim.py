@@ -27,7 +27,6 @@ from typing import Any
 
 from tenon.clock import FakeClock, run_simulated
 from tenon.cluster.dispatcher import Dispatcher
-from tenon.cluster.handles import LocalNode
 from tenon.cluster.node import TenonNode
 from tenon.policy.config import PolicyConfig
 from tenon.policy.placement import NodeLoad, PlacementConfig, choose_node
@@ -94,10 +93,10 @@ async def _point(trace: Trace, *, hosts: int, agents_per_host: int, node_budget_
             predictor = OnlinePredictor(copy.deepcopy(static),
                                         heavy_peak_bytes=config.heavy_peak_bytes)
             node = TenonNode(f"h{i:03d}", _opener(clock, node_budget_bytes, tmp / f"h{i:03d}",
-                                                  predictor, config))
+                                                  predictor, config), tmp / f"h{i:03d}")
             await node.start()
             stack.push_async_callback(node.stop)
-            nodes.append(LocalNode(node, tmp / f"h{i:03d}"))
+            nodes.append(node)
         dispatcher = Dispatcher(nodes, placement or PlacementConfig(), clock=clock,
                                 simulated=True,
                                 seed=seed)
