@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -193,9 +194,8 @@ def test_sandboxes_through_one_front_door_land_on_several_nodes(ray_cluster: Ray
 
 
 def _through_sdk(url: str, key: str, served: dict[str, Any], httpx: Any, sandbox: Any) -> None:
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ.update({"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": key})
-    try:
+    env = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": key}
+    with mock.patch.dict(os.environ, env):
         sandboxes = [sandbox.create(metadata={"suite": "ray"}) for _ in range(4)]
         try:
             ids = {s.sandbox_id for s in sandboxes}
@@ -217,12 +217,6 @@ def _through_sdk(url: str, key: str, served: dict[str, Any], httpx: Any, sandbox
             listed = httpx.get(f"{node.url}/v2/sandboxes",
                                headers={"X-API-Key": node.api_key}).json()
             assert listed == [], name
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 async def _exited(pid: int, timeout_s: float = 60.0) -> None:

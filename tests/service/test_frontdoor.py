@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -81,24 +82,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     assert leftover == {"n1": set(), "n2": set()}, "tests left sandboxes"
 
 
-class _sdk_env:  # noqa: N801 - a context manager used like a function
+def _sdk_env(url: str) -> Any:
     """Point the SDK at the front door only."""
-
-    def __init__(self, url: str) -> None:
-        self._env = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": FRONT_KEY}
-        self._saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        for key, value in self._env.items():
-            self._saved[key] = os.environ.get(key)
-            os.environ[key] = value
-
-    def __exit__(self, *exc: object) -> None:
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return mock.patch.dict(os.environ, {"E2B_API_URL": url, "E2B_SANDBOX_URL": url,
+                                        "E2B_API_KEY": FRONT_KEY})
 
 
 def test_nodes_publish_their_load(cluster: Cluster) -> None:

@@ -59,7 +59,7 @@ from tenon.replay.schedule import (
     memory_bound_s,
     oversubscription,
 )
-from tenon.replay.trace import load_trace
+from tenon.replay.trace import Trace, load_trace
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,7 @@ class ClusterBenchConfig(BaseModel):
     gate_actuator: Literal["auto", "scx", "freezer"] = "auto"
 
 
-def schedule(config: ClusterBenchConfig) -> list[Submission]:
-    trace = load_trace(config.trace)
+def schedule(config: ClusterBenchConfig, trace: Trace) -> list[Submission]:
     subs = make_schedule(trace.workflows, qps=config.qps, window_s=config.window_s,
                          speed=config.speed, num_workflows=config.num_workflows)
     check_budget(subs, config.node_budget_bytes)
@@ -136,9 +135,9 @@ def local_cluster(num_nodes: int, node_budget_bytes: int, temp_dir: Path) -> Ite
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def node_specs(config: ClusterBenchConfig, placement: str, shared: Path) -> list[NodeSpec]:
+def node_specs(config: ClusterBenchConfig, placement: str, shared: Path,
+               trace: Trace) -> list[NodeSpec]:
     """The Tenon nodes of one placement run, each with its own predictor and state dir."""
-    trace = load_trace(config.trace)
     policy_config = PolicyConfig.model_validate(config.policy_config)
     static = profiled_static_predictor(trace, policy_config)
     count, budget = config.num_nodes, config.node_budget_bytes
@@ -170,12 +169,12 @@ def decorator(config: ClusterBenchConfig, subs: Sequence[Submission]
     return decorate
 
 
-async def run_placement(config: ClusterBenchConfig, placement: str,
+async def run_placement(config: ClusterBenchConfig, placement: str, trace: Trace,
                         subs: Sequence[Submission], cluster: Any) -> dict[str, Any]:
     """One placement's replay on fresh Tenon nodes; its figures."""
     shared = config.shared_dir or config.out_dir / "nodes"
     shutil.rmtree(shared / placement, ignore_errors=True)
-    specs = node_specs(config, placement, shared)
+    specs = node_specs(config, placement, shared, trace)
     nodes = await start_nodes(specs, _node_order(cluster))
     run_dir = config.out_dir / placement
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +251,8 @@ async def run_cluster_bench(config: ClusterBenchConfig, *,
                             on_placement: Callable[[str], None] | None = None
                             ) -> dict[str, Any]:
     """Every placement, one after another; the summary (also in `out_dir/summary.json`)."""
-    subs = schedule(config)
+    trace = load_trace(config.trace)
+    subs = schedule(config, trace)
     total = config.num_nodes * config.node_budget_bytes
     summary: dict[str, Any] = {
         "nodes": config.num_nodes, "node_budget_bytes": config.node_budget_bytes,
@@ -274,7 +274,7 @@ async def run_cluster_bench(config: ClusterBenchConfig, *,
         for placement in config.placements:
             if on_placement is not None:
                 on_placement(placement)
-            result = await run_placement(config, placement, subs, cluster)
+            result = await run_placement(config, placement, trace, subs, cluster)
             summary["placements"][placement] = result
             _judge(summary)
             write_summary(config.out_dir, summary)
