@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -120,6 +121,11 @@ def local_cluster(num_nodes: int, node_budget_bytes: int, temp_dir: Path) -> Ite
     from ray.cluster_utils import Cluster
 
     temp_dir.mkdir(parents=True, exist_ok=True)
+    # Ray's test cluster writes its address file under the default temp dir (/tmp/ray), which
+    # need not exist: point that default into `temp_dir` too, so the cluster leaves nothing behind.
+    (temp_dir / "ray").mkdir(exist_ok=True)
+    saved_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(temp_dir)
     args: dict[str, Any] = {"num_cpus": 2, "memory": node_budget_bytes, "include_dashboard": False,
             "object_store_memory": 100 * 1024 * 1024}
     cluster = Cluster(initialize_head=True, head_node_args={**args, "temp_dir": str(temp_dir)})
@@ -132,6 +138,10 @@ def local_cluster(num_nodes: int, node_budget_bytes: int, temp_dir: Path) -> Ite
     finally:
         ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]
+        if saved_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved_tmpdir
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
