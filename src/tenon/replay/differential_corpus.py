@@ -168,6 +168,87 @@ def failure_script() -> Script:
     ))
 
 
+DEB_PATH = "/workspace/dist/tenon-hello_1.0_all.deb"
+
+
+def build_deb_step() -> Step:
+    """An action (as the default user) that builds a tiny Debian package with dpkg-deb: a
+    script at /usr/bin/tenon-hello, installed below only by root."""
+    control = ("Package: tenon-hello\\nVersion: 1.0\\nArchitecture: all\\n"
+               "Maintainer: Tenon <tenon@example.com>\\nDescription: differential probe\\n")
+    return Step(
+        "rm -rf /tmp/deb && mkdir -p /tmp/deb/DEBIAN /tmp/deb/usr/bin /workspace/dist && "
+        f"printf '{control}' > /tmp/deb/DEBIAN/control && "
+        "printf '#!/bin/sh\\necho hello from a package\\n' > /tmp/deb/usr/bin/tenon-hello && "
+        "chmod 0755 /tmp/deb/usr/bin/tenon-hello && "
+        "SOURCE_DATE_EPOCH=0 dpkg-deb --root-owner-group -Zgzip --build /tmp/deb "
+        f"{DEB_PATH} >/dev/null && rm -rf /tmp/deb && ls {DEB_PATH}")
+
+
+def apt_root_script() -> Script:
+    """A package installed by root with apt-get from a local .deb: its files in /usr and its
+    record in dpkg's database (/var/lib/dpkg) live in the writable root's upper layer."""
+    return Script("apt-root", (
+        build_deb_step(),
+        Step(f"apt-get install -y -q {DEB_PATH} >/tmp/apt.log 2>&1 || cat /tmp/apt.log; "
+             "rm -f /tmp/apt.log; dpkg-query -W -f='${Status} ${Version}\\n' tenon-hello",
+             user="root", timeout_s=120),
+        Step("tenon-hello && ls -l /usr/bin/tenon-hello | cut -d' ' -f1,3,4 && "
+             "dpkg -L tenon-hello | grep bin/"),
+        Step("apt-get remove -y -q tenon-hello >/dev/null 2>&1; "
+             "command -v tenon-hello || echo removed", user="root", timeout_s=120),
+        Step("command -v tenon-hello || echo still removed; "
+             "dpkg-query -W -f='${Status}\\n' tenon-hello 2>&1 | head -1"),
+    ))
+
+
+def pip_root_script() -> Script:
+    """A package installed by root into the system site-packages (/usr/local/lib)."""
+    return Script("pip-root", (
+        write_wheel_step(),
+        Step(f"PIP_BREAK_SYSTEM_PACKAGES=1 {_PIP} install --no-index -q "
+             f"--root-user-action=ignore {WHEEL_PATH} && echo installed",
+             user="root", timeout_s=120),
+        Step("python3 -c 'import tenonprobe; print(tenonprobe.hello(), tenonprobe.__file__)'"),
+        Step(f"{_PIP} show tenonprobe | grep -E '^(Name|Version|Location):'; "
+             "touch /usr/local/lib/probe 2>&1 | sed 's/^.*: //'"),
+    ))
+
+
+def etc_root_script() -> Script:
+    """Edits as root to the image's /etc: an appended line, a new user with its home, a
+    deleted file (an overlay whiteout) and a directory replaced (an opaque directory)."""
+    return Script("etc-root", (
+        Step("echo '10.9.8.7 tenon-probe' >> /etc/hosts && useradd -m -u 2001 -s /bin/sh alice && "
+             "rm /etc/debian_version && rm -rf /etc/apt/apt.conf.d && "
+             "mkdir /etc/apt/apt.conf.d && echo 'APT::Quiet \"1\";' > "
+             "/etc/apt/apt.conf.d/99tenon && echo edited", user="root"),
+        Step("getent hosts tenon-probe; id alice; stat -c '%U %a' /home/alice; "
+             "test -e /etc/debian_version || echo debian_version gone; "
+             "ls /etc/apt/apt.conf.d; echo probe > /home/alice/x 2>&1 | sed 's/^.*: //'"),
+        Step("echo 'x' >> /etc/hosts 2>&1 | sed 's/^.*: //'; tail -1 /etc/hosts"),
+        Step("userdel -r alice 2>/dev/null; id alice 2>&1 | sed 's/^.*: //'; ls /home",
+             user="root"),
+    ))
+
+
+def testbed_script() -> Script:
+    """A repository at /testbed (outside the persistent directories), as SWE-bench images
+    have it: made by root, handed to the user, edited and committed across teardowns."""
+    commit = f"{_FIXED_DATES} git -c user.name=Ada -c user.email=ada@example.com commit -q"
+    return Script("testbed", (
+        Step("mkdir /testbed && chown 1000:1000 /testbed && stat -c '%u %a' /testbed",
+             user="root"),
+        Step("cd /testbed && git init -q -b main && printf 'def f():\\n    return 1\\n' > "
+             f"mod.py && git add mod.py && {commit} -m first && git log --format=%s"),
+        Step("cd /testbed && sed -i 's/return 1/return 2/' mod.py && git diff --stat && "
+             "python3 -c 'import mod; print(mod.f())'"),
+        Step(f"cd /testbed && {commit} -am fix && git log --format=%s && git status --porcelain"
+             " && git fsck --no-progress 2>&1 | head -3"),
+    ))
+
+
 def corpus() -> list[Script]:
     return [git_script(), pip_user_script(), venv_script(), files_script(), sqlite_script(),
-            server_script(), failure_script()]
+            server_script(), failure_script(), apt_root_script(), pip_root_script(),
+            etc_root_script(), testbed_script()]

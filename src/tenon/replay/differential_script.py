@@ -26,6 +26,9 @@ class Step:
     # The boundary after this step is resident-only by design; the check's reason must
     # contain this fragment (case-insensitive). None: the boundary must be torn down.
     resident_because: str | None = None
+    # Who runs it: None is the sandbox's default (unprivileged) user; "root" is root of the
+    # sandbox's user namespace.
+    user: str | None = None
 
 
 @dataclass(frozen=True)
