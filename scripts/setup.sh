@@ -54,16 +54,47 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# dockerd: start one when none answers; it keeps running after setup.
-if ! timeout 10 docker info >/dev/null 2>&1; then
-  log "starting dockerd (log: /var/log/tenon-dockerd.log)"
-  nohup dockerd >/var/log/tenon-dockerd.log 2>&1 &
-  for _ in $(seq 1 60); do
-    timeout 5 docker info >/dev/null 2>&1 && break
+# dockerd with user-namespace remapping: root in a container is the first id of the
+# dockremap user's subordinate range on the host, never host root. The setting goes into
+# /etc/docker/daemon.json (other keys kept); a daemon this script started is restarted when
+# the file changed, one run by systemd is restarted through systemctl.
+daemon_json=/etc/docker/daemon.json
+mkdir -p /etc/docker
+[ -s "$daemon_json" ] || echo '{}' >"$daemon_json"
+remap_changed=0
+if [ "$(jq -r '."userns-remap" // ""' "$daemon_json")" != default ]; then
+  log "enabling userns-remap in $daemon_json"
+  jq '. + {"userns-remap": "default"}' "$daemon_json" >"$daemon_json.tmp"
+  mv "$daemon_json.tmp" "$daemon_json"
+  remap_changed=1
+fi
+docker_answers() { timeout 5 docker info >/dev/null 2>&1; }
+wait_for_dockerd() {
+  for _ in $(seq 1 120); do
+    timeout 5 docker info --format '{{.SecurityOptions}}' 2>/dev/null | grep -q name=userns && return 0
     sleep 0.5
   done
-  timeout 10 docker info >/dev/null 2>&1 || { echo "setup: dockerd did not come up; see /var/log/tenon-dockerd.log" >&2; exit 1; }
+  echo "setup: dockerd did not come up with userns-remap; see /var/log/tenon-dockerd.log" >&2
+  exit 1
+}
+if [ -d /run/systemd/system ] && systemctl list-unit-files docker.service >/dev/null 2>&1; then
+  if [ "$remap_changed" = 1 ] || ! docker_answers; then
+    log "restarting docker.service"
+    systemctl restart docker
+  fi
+else
+  # dockerd writes its pid to /var/run/docker.pid.
+  if [ "$remap_changed" = 1 ] && pid=$(cat /var/run/docker.pid 2>/dev/null) && kill -0 "$pid" 2>/dev/null; then
+    log "restarting dockerd (pid $pid) for userns-remap"
+    kill "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+  if ! docker_answers; then
+    log "starting dockerd (log: /var/log/tenon-dockerd.log)"
+    nohup dockerd >>/var/log/tenon-dockerd.log 2>&1 &
+  fi
 fi
+wait_for_dockerd
 
 # The process backend's seccomp helper (static; its filter generated with libseccomp).
 log "building the seccomp helper"
