@@ -67,6 +67,20 @@ def _compile(compiler: str, output: Path, *flags: str) -> None:
                                  f"libseccomp-dev?): {result.stderr.strip()}")
 
 
+def write_bpf_header(compiler: str, work: Path) -> Path:
+    """Generate the filter with libseccomp and write it to `work`/tenon_seccomp_bpf.h as
+    `static const unsigned char tenon_bpf[]` (what the helper and the launcher load)."""
+    _compile(compiler, work / "generate", "-DTENON_SECCOMP_GENERATE")
+    bpf = subprocess.run([str(work / "generate")], capture_output=True, check=True).stdout
+    if not bpf or len(bpf) % 8:  # whole struct sock_filter entries
+        raise BackendUnavailable(f"the seccomp generator wrote {len(bpf)} bytes of BPF")
+    body = ",".join(str(byte) for byte in bpf)
+    header = work / "tenon_seccomp_bpf.h"
+    header.write_text(
+        f"static const unsigned char tenon_bpf[] __attribute__((aligned(8))) = {{{body}}};\n")
+    return header
+
+
 def build(helper: Path = HELPER) -> Path:
     """Generate the filter, compile it into the static helper, and install the helper
     (atomically) with the digest of its source."""
@@ -76,13 +90,7 @@ def build(helper: Path = HELPER) -> Path:
     helper.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=helper.parent) as tmp:
         work = Path(tmp)
-        _compile(compiler, work / "generate", "-DTENON_SECCOMP_GENERATE")
-        bpf = subprocess.run([str(work / "generate")], capture_output=True, check=True).stdout
-        if not bpf or len(bpf) % 8:  # whole struct sock_filter entries
-            raise BackendUnavailable(f"the seccomp generator wrote {len(bpf)} bytes of BPF")
-        body = ",".join(str(byte) for byte in bpf)
-        (work / "tenon_seccomp_bpf.h").write_text(
-            f"static const unsigned char tenon_bpf[] __attribute__((aligned(8))) = {{{body}}};\n")
+        write_bpf_header(compiler, work)
         built = work / helper.name
         _compile(compiler, built, "-static", f"-I{work}")
         built.chmod(0o755)
