@@ -61,22 +61,21 @@ def _gate_actuator_check() -> Check:
 def _isolation_checks() -> list[Check]:
     from tenon.sandbox import seccomp
     from tenon.sandbox.uids import UidAllocator
-    from tenon.sandbox.usernet import tun_is_open_to_all
 
     helper = seccomp.check()
     clashes = UidAllocator().check()
     slirp = shutil.which("slirp4netns")
-    tun_note = "" if tun_is_open_to_all() else (
-        " (as root: /dev/net/tun is not 0666; chmod 0666 /dev/net/tun, Debian's default, "
-        "lets it run as each sandbox's uid)")
+    nft = shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin:/bin")
     return [
         Check("seccomp helper", not helper, helper[0] if helper else str(seccomp.HELPER),
               "python -m tenon.sandbox.seccomp build" if helper else ""),
         Check("sandbox uid range", not clashes, "; ".join(clashes) or "no clash",
               "free the range or pass another to UidAllocator" if clashes else ""),
         Check("slirp4netns", slirp is not None,
-              f"{slirp}{tun_note}" if slirp else "missing (network=True needs it)",
+              f"{slirp}" if slirp else "missing (network=True needs it)",
               "" if slirp else "apt-get install slirp4netns"),
+        Check("nft", nft is not None, nft or "missing (network rules need it)",
+              "" if nft else "apt-get install nftables"),
     ]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tenon.host.types import CgroupVersion, GateResult, MemoryReading, PressureReading
+from tenon.sandbox.netpolicy import NetworkPolicy
 
 # Subdirectory of an agent's persistent root -> where the sandbox sees it. HOME is
 # /home/user, as in E2B sandboxes. Each is captured, fsynced and digested at teardown.
@@ -27,7 +28,9 @@ class SandboxSpec:
     # The agent's persistent root on the host: its subdirectories (`PERSISTENT_MOUNTS`) are
     # bound read-write at /workspace, HOME and /tmp.
     workspace: Path
-    network: bool = False  # no network unless asked
+    # What the sandbox may reach (`netpolicy`): nothing unless asked. Also given as True or
+    # False (internet access on or off) or a mapping of the policy's fields (records).
+    network: NetworkPolicy = NetworkPolicy()
     max_pids: int = 512
     # Size cap of each tmpfs (/dev/shm and the disposable paths), charged to the sandbox.
     tmp_size_bytes: int = 1024 * 1024 * 1024
@@ -37,6 +40,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "network", NetworkPolicy.from_value(self.network))
         mounts = set(PERSISTENT_MOUNTS.values())
         for path in self.disposable:
             if not path.startswith("/") or path == "/" or ".." in path.split("/"):

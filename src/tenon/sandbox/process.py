@@ -79,7 +79,8 @@ from tenon.sandbox.base import (
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
 from tenon.sandbox.uids import UidAllocator, shared_allocator
-from tenon.sandbox.usernet import NAMESERVER, UserNet
+from tenon.sandbox.usernet import NAMESERVER, UserNet, host_binds
+from tenon.sandbox.usernet import connect as connect_network
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,10 @@ READY_TIMEOUT_S = 30.0
 OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may keep the pipe
 _HELD_POLL_S = 0.02  # how often a SIGKILL asked for while the gate holds the sandbox looks again
 _READY = b"tenon-ready\n"
-_STAGE_SH = 'mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 && exec "$@"'
+# The sandbox's network namespace is made here, by root, so that the host's user namespace owns
+# it and nothing in the sandbox can change its rules (`sandbox.netfilter`).
+_STAGE_SH = ('ip link set lo up && mount --bind "$1" "$3" && mount --bind "$2" "$4" && shift 4 '
+             '&& exec "$@"')
 _INIT_SH = f"echo {_READY.decode().strip()}; exec sleep infinity </dev/null >/dev/null 2>&1"
 # Mounts an action may write through besides the spec's disposable paths: the persistent
 # directories, the two `nsinspect` lists (/dev/shm, /dev/mqueue), and two that hold no state
@@ -212,20 +216,20 @@ class ProcessBackend:
                       for arg in ("--bind", str(staged / sub), target)]
         disposable = [arg for path in spec.disposable for arg in ("--size", size, "--tmpfs", path)]
         return [
-            tools["unshare"], "--mount", "--propagation", "private", "--",
+            tools["unshare"], "--mount", "--net", "--propagation", "private", "--",
             "/bin/sh", "-c", _STAGE_SH, "tenon-stage", str(rootfs), str(spec.workspace),
             str(self._stage / "root"), str(self._stage / "workspace"),
             tools["setpriv"], f"--reuid={host_uid}", f"--regid={host_uid}",
             "--clear-groups", "--", tools["bwrap"],
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup", "--unshare-net",
+            "--unshare-cgroup",
             "--disable-userns", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--cap-drop", "ALL",
             "--ro-bind", str(self._stage / "root"), "/",
             "--ro-bind", str(seccomp.HELPER_DIR), seccomp.SANDBOX_HELPER_DIR,
-            *(("--ro-bind", str(self._resolv_conf), "/etc/resolv.conf") if spec.network
-              else ()),
+            *(arg for host, target in host_binds(spec.network, self._resolv_conf)
+              for arg in ("--ro-bind", host, target)),
             *persistent,
             "--proc", "/proc", "--dev", "/dev",
             "--size", size, "--tmpfs", nsinspect.SHM_DIR, "--mqueue", nsinspect.MQUEUE_DIR,
@@ -246,7 +250,9 @@ class ProcessBackend:
         rootfs = image_rootfs(spec.image, self.state_dir)
         # bwrap's mount points (the rootfs is bound read-only, so they must exist in it)
         for point in (*PERSISTENT_MOUNTS.values(), *spec.disposable,
-                      seccomp.SANDBOX_HELPER_DIR):
+                      seccomp.SANDBOX_HELPER_DIR,
+                      *(t for h, t in host_binds(spec.network, self._resolv_conf)
+                        if os.path.isdir(h))):
             (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         self._ensure_stage()
         workspace = spec.workspace.resolve()
@@ -309,8 +315,8 @@ class ProcessBackend:
                                        f"{ns} namespace")
             usernet = None
             if spec.network and self._slirp4netns is not None:
-                usernet = await UserNet.start(self._slirp4netns, tools["setpriv"], child_pid,
-                                              host_uid, cgroup.procs_files())
+                usernet = await connect_network(spec.network, self._slirp4netns,
+                                                tools["nsenter"], child_pid, cgroup.procs_files())
         except BaseException:
             os.close(out_r)
             cgroup.kill_all()

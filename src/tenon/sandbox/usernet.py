@@ -1,29 +1,27 @@
 """Outbound networking for a sandbox's private network namespace, through slirp4netns.
 
-A sandbox always has its own network namespace. When its spec allows the network,
-slirp4netns (user-mode TCP/IP in a host process) gives it a tap device with 10.0.2.100/24,
-gateway 10.0.2.2 and DNS 10.0.2.3, and relays its connections from the host's network
-namespace as ordinary sockets. `--disable-host-loopback` refuses connections to the host's
-127.0.0.1 through 10.0.2.2, so services bound to the host's loopback stay out of reach;
-the sandbox's own 127.0.0.1 is its own loopback.
+A sandbox always has its own network namespace, owned by the host's initial user namespace
+(created by root before the sandbox starts), so nothing inside the sandbox can reconfigure
+it. When its policy lets it reach anything (`netpolicy.NetworkPolicy`), `connect` first loads
+the policy's nftables rules into that namespace (`netfilter`), then starts slirp4netns
+(user-mode TCP/IP in a host process), which gives it a tap device with 10.0.2.100/24, gateway
+10.0.2.2 and DNS 10.0.2.3, and relays its connections from the host's network namespace as
+ordinary sockets. `--disable-host-loopback` refuses connections to the host's 127.0.0.1
+through 10.0.2.2; the rules deny the host's private networks besides, unless allowed
+explicitly. The sandbox's own 127.0.0.1 is its own loopback.
 
-slirp4netns runs as the sandbox's unprivileged host uid where it may open /dev/net/tun (mode
-0666, as Debian's udev rules make it; on a host where the node is 0600 it runs as root, and
-`--enable-sandbox` drops its capabilities once the tap is set up). That uid owns the user
-namespace that
-owns the sandbox's network namespace (bwrap's outer one: the sandbox's processes live in a
-nested one), so joining that user namespace gives it the capabilities to join the network
-namespace and configure the tap. It runs in the sandbox's cgroup (its memory
-is the sandbox's), in its own mount namespace with its own seccomp filter
-(`--enable-sandbox --enable-seccomp`). It exits when the write end of its exit pipe closes:
-at destroy, or when the controller dies.
+slirp4netns runs as host root and joins the namespace by path (no user namespace to enter),
+so opening /dev/net/tun works whatever the node's mode (0666 as Debian's udev makes it, or
+0600). `--enable-sandbox` then moves it into a mount namespace of its own on an empty root
+and drops every capability; `--enable-seccomp` filters its syscalls. It runs in the sandbox's
+cgroup (its memory is the sandbox's) and exits when the write end of its exit pipe closes: at
+destroy, or when the controller dies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import signal
@@ -33,7 +31,9 @@ from pathlib import Path
 
 from tenon.errors import SandboxError
 from tenon.host import procfs
+from tenon.sandbox import netfilter
 from tenon.sandbox._exec import enter_cgroup_argv, wait_ready
+from tenon.sandbox.netpolicy import NetworkPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +41,17 @@ NAMESERVER = "10.0.2.3"  # slirp4netns's DNS forwarder, as the sandbox's resolv.
 READY_TIMEOUT_S = 10.0
 _MTU = 65520  # slirp4netns's maximum: fewer, larger packets through the user-mode stack
 _LOG_TAIL_BYTES = 2000
-_NS_GET_USERNS = 0xB701  # ioctl_ns(2): _IO(0xb7, 0x1)
 TUN_DEVICE = "/dev/net/tun"
 
 
-def tun_is_open_to_all() -> bool:
-    try:
-        return os.stat(TUN_DEVICE).st_mode & 0o006 == 0o006
-    except OSError:
-        return False
+async def connect(policy: NetworkPolicy, slirp4netns: str, nsenter: str, target_pid: int,
+                  procs_files: Iterable[Path]) -> UserNet | None:
+    """Load `policy` into the network namespace of `target_pid`, then connect it to the
+    outside when the policy reaches anything (else only the rules: loopback alone)."""
+    await netfilter.enforce(nsenter, target_pid, policy, NAMESERVER)
+    if not policy:
+        return None
+    return await UserNet.start(slirp4netns, target_pid, procs_files)
 
 
 class UserNet:
@@ -65,36 +67,29 @@ class UserNet:
         return self._proc.pid
 
     @classmethod
-    async def start(cls, slirp4netns: str, setpriv: str, target_pid: int, host_uid: int,
+    async def start(cls, slirp4netns: str, target_pid: int,
                     procs_files: Iterable[Path]) -> UserNet:
         """Connect the network namespace of `target_pid`; return once it is configured."""
         net_fd = procfs.open_namespace(target_pid, "net")
-        try:
-            owner_fd = fcntl.ioctl(net_fd, _NS_GET_USERNS)  # the netns's owning user namespace
-        finally:
-            os.close(net_fd)
         exit_r, exit_w = os.pipe()
         ready_r, ready_w = os.pipe()
         log = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600)
-        as_uid = ([setpriv, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--"]
-                  if tun_is_open_to_all() else [])
         argv = enter_cgroup_argv(procs_files, [
-            *as_uid, slirp4netns, "--configure", f"--mtu={_MTU}", "--disable-host-loopback",
+            slirp4netns, "--configure", f"--mtu={_MTU}", "--disable-host-loopback",
             "--enable-sandbox", "--enable-seccomp", f"--exit-fd={exit_r}",
-            f"--ready-fd={ready_w}", f"--userns-path=/proc/self/fd/{owner_fd}",
-            str(target_pid), "tap0",
+            f"--ready-fd={ready_w}", "--netns-type=path", f"/proc/self/fd/{net_fd}", "tap0",
         ])
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=(exit_r, ready_w, owner_fd), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                pass_fds=(exit_r, ready_w, net_fd), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 start_new_session=True)
         except BaseException:
             for fd in (exit_w, ready_r, log):
                 os.close(fd)
             raise
         finally:
-            for fd in (exit_r, ready_w, owner_fd):
+            for fd in (exit_r, ready_w, net_fd):
                 os.close(fd)
         net = cls(proc, exit_w, log)
         try:
@@ -139,3 +134,19 @@ class UserNet:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+
+
+# The host's CA bundle, so TLS through an intercepting egress proxy that the host trusts
+# verifies inside the sandbox too (the image's own bundle may lack the proxy's CA).
+HOST_CERTS = "/etc/ssl/certs"
+
+
+def host_binds(policy: NetworkPolicy, resolv_conf: Path) -> list[tuple[str, str]]:
+    """(host path, sandbox path) pairs bound read-only into a sandbox that has a network:
+    the resolver's address and the host's CA certificates."""
+    if not policy:
+        return []
+    binds = [(str(resolv_conf), "/etc/resolv.conf")]
+    if os.path.isdir(HOST_CERTS):
+        binds.append((HOST_CERTS, HOST_CERTS))
+    return binds
