@@ -3,17 +3,16 @@
 Each logical agent owns `<state_dir>/workspaces/<agent_id>`, its *persistent root*: a host
 directory that outlives every physical sandbox bound onto it. It holds one subdirectory per
 designated persistent directory of the sandbox (`PERSISTENT_DIRS`): the workspace, HOME and
-/tmp. Everything a later action can read lives in one of them, or in a path the sandbox's
-configuration explicitly declares disposable, or the boundary is not restartable.
-`capture()` makes the directory durable (fsync of every file and directory) and describes
-it as a manifest whose digest goes into the recovery record; `verify()` proves a rebuilt
-sandbox sees the same bytes.
+/tmp, and, for a writable root, the overlay upper layer (`upper/`, captured) and workdir
+(`work/`, never captured, emptied before each rebuild). Everything a later action can read
+lives there, or in a path the sandbox's configuration explicitly declares disposable, or
+the boundary is not restartable.
 
-The manifest records what a rebuild must preserve: relative path, type, permission
-bits, size and sha256 for files, target for symlinks. Ownership and timestamps are left
-out on purpose: backends re-own the workspace for their sandbox uid, and mtimes change
-without the content changing. Anything other than files, directories and symlinks
-(fifos, sockets, devices) cannot be captured, so capture refuses it.
+`capture()` makes the root durable and describes it as a manifest (`state.manifest`) whose
+digest goes into the recovery record; `verify()` proves, before a rebuilt sandbox starts,
+that the root still holds the same content. Both cost what changed since the store's last
+manifest of the agent (`state.capture`): the store keeps each agent's manifest in memory,
+and a restarted controller passes the committed one (`previous`) instead.
 
 Limits and privacy: with `DiskLimits`, each persistent root is its own ext4 filesystem of
 fixed byte and inode size (`host.diskfs`), so a full root fails the agent's own writes with
@@ -24,9 +23,6 @@ the sandbox owns them to its sandbox uid, so no other host user or sandbox uid c
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
-import json
 import logging
 import os
 import re
@@ -41,229 +37,40 @@ from tenon.errors import ConfigError, WorkspaceError
 from tenon.host import diskfs
 from tenon.host.diskfs import DiskLimits, DiskUsage
 from tenon.sandbox.base import PERSISTENT_MOUNTS
+from tenon.state.capture import (
+    OVERLAY_WORK_DIR,
+    CaptureLimits,
+    Hasher,
+    ScanResult,
+)
+from tenon.state.capture import fsync_path as _fsync_path
+from tenon.state.capture import scan as _scan
+from tenon.state.filehash import block_digest
+from tenon.state.manifest import MANIFEST_VERSION, Manifest, ManifestEntry
+from tenon.state.moves import move_file as _move_file
+from tenon.state.moves import move_tree as _move_tree
+
+__all__ = ["MANIFEST_VERSION", "CaptureLimits", "Manifest", "ManifestEntry", "WorkspaceStore",
+           "scan"]
 
 logger = logging.getLogger(__name__)
 
 # The persistent root's subdirectories (where a sandbox sees each: sandbox.base.PERSISTENT_MOUNTS).
 PERSISTENT_DIRS: tuple[str, ...] = tuple(PERSISTENT_MOUNTS)
 AGENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-MANIFEST_VERSION = 1
 # Only the sandbox's own uid may enter a persistent root or its subdirectories; the store
 # directory itself is traversable (not listable), so a sandbox uid staging its own root
 # needs no other permission.
 _PRIVATE_MODE = 0o700
 _ROOT_MODE = 0o711
-_CHUNK_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One path in a workspace, relative and POSIX-style."""
-
-    path: str
-    kind: str  # "file" | "dir" | "symlink"
-    mode: int  # permission bits (stat.S_IMODE)
-    size_bytes: int | None = None  # files only
-    sha256: str | None = None  # files only
-    target: str | None = None  # symlinks only
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "mode": self.mode,
-            "size_bytes": self.size_bytes,
-            "sha256": self.sha256,
-            "target": self.target,
-        }
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """A workspace's content, sorted by path, and the digest that names it."""
-
-    entries: tuple[ManifestEntry, ...]
-    digest: str
-
-    @classmethod
-    def from_entries(cls, entries: list[ManifestEntry]) -> Manifest:
-        ordered = tuple(sorted(entries, key=lambda e: e.path))
-        return cls(entries=ordered, digest=_digest(ordered))
-
-    def to_json(self) -> str:
-        return _canonical(self.entries)
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        """Rebuild a manifest from `to_json()` output; the digest is recomputed."""
-        try:
-            doc = json.loads(text)
-            if doc.get("version") != MANIFEST_VERSION:
-                raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
-            entries = [ManifestEntry(**item) for item in doc["entries"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise WorkspaceError(f"unreadable manifest: {exc}") from exc
-        return cls.from_entries(entries)
-
-    def first_difference(self, other: Manifest) -> str | None:
-        """A description of the first path (in sort order) where the two differ."""
-        mine = {e.path: e for e in self.entries}
-        theirs = {e.path: e for e in other.entries}
-        for path in sorted(mine.keys() | theirs.keys()):
-            a, b = mine.get(path), theirs.get(path)
-            if a == b:
-                continue
-            if a is None:
-                return f"{path!r} is missing"
-            if b is None:
-                return f"{path!r} is unexpected"
-            fields = [
-                f
-                for f in ("kind", "mode", "size_bytes", "sha256", "target")
-                if getattr(a, f) != getattr(b, f)
-            ]
-            return f"{path!r} differs in {', '.join(fields)}"
-        return None
-
-
-def _canonical(entries: tuple[ManifestEntry, ...]) -> str:
-    doc = {"version": MANIFEST_VERSION, "entries": [e.to_json() for e in entries]}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _digest(entries: tuple[ManifestEntry, ...]) -> str:
-    return hashlib.sha256(_canonical(entries).encode()).hexdigest()
-
-
-def _fsync_path(path: Path, *, directory: bool) -> None:
-    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0) | os.O_NOFOLLOW
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _hash_file(path: Path, *, fsync: bool) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        if fsync:
-            os.fsync(fd)
-        while chunk := os.read(fd, _CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    return digest.hexdigest(), size
+# Verification is never cut short: a bound there would block an agent, not keep it resident.
+_UNBOUNDED = CaptureLimits(max_files=2**62, max_hash_bytes=2**62, max_seconds=1e12)
 
 
 def scan(root: Path, *, fsync: bool) -> Manifest:
-    """Describe the tree under `root` (never following symlinks), optionally fsyncing it."""
-    entries: list[ManifestEntry] = []
-    try:
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=_raise):
-            base = Path(dirpath)
-            for name in sorted(dirnames + filenames):
-                full = base / name
-                rel = full.relative_to(root).as_posix()
-                st = full.lstat()
-                mode = stat.S_IMODE(st.st_mode)
-                if stat.S_ISLNK(st.st_mode):
-                    entries.append(ManifestEntry(rel, "symlink", mode, target=os.readlink(full)))
-                elif stat.S_ISDIR(st.st_mode):
-                    entries.append(ManifestEntry(rel, "dir", mode))
-                elif stat.S_ISREG(st.st_mode):
-                    sha, size = _hash_file(full, fsync=fsync)
-                    entries.append(ManifestEntry(rel, "file", mode, size_bytes=size, sha256=sha))
-                else:
-                    raise WorkspaceError(f"cannot capture {full}: not a file, directory or symlink")
-            if fsync:
-                # A directory's fsync makes its entries (names, links) durable.
-                _fsync_path(base, directory=True)
-    except WorkspaceError:
-        raise
-    except OSError as exc:
-        raise WorkspaceError(f"cannot read workspace {root}: {exc}") from exc
-    return Manifest.from_entries(entries)
-
-
-def _raise(exc: OSError) -> None:
-    raise exc
-
-
-def _move_file(src: Path, dst: Path) -> None:
-    """Move `src` over `dst`: a rename, or across filesystems a sparse copy renamed into
-    place (durably) before `src` is removed."""
-    try:
-        os.rename(src, dst)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        partial = dst.with_name(dst.name + ".partial")
-        _copy_sparse(src, partial)
-        os.replace(partial, dst)
-        _fsync_path(dst.parent, directory=True)
-        src.unlink()
-    _fsync_path(dst.parent, directory=True)
-    _fsync_path(src.parent, directory=True)
-
-
-def _copy_sparse(src: Path, dst: Path) -> None:
-    """Copy `src` to `dst` (mode 0600) and fsync it, writing only the data extents: a
-    sparse image stays sparse (and its size is what the agent wrote, not its limit)."""
-    fd_in = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            size = os.fstat(fd_in).st_size
-            offset = 0
-            while offset < size:
-                try:
-                    offset = os.lseek(fd_in, offset, os.SEEK_DATA)
-                except OSError as exc:
-                    if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
-                        raise
-                    break
-                end = os.lseek(fd_in, offset, os.SEEK_HOLE)
-                while offset < end:
-                    chunk = os.pread(fd_in, min(_CHUNK_BYTES, end - offset), offset)
-                    if not chunk:
-                        raise OSError(errno.EIO, f"{src} ended early at byte {offset}")
-                    offset += os.pwrite(fd_out, chunk, offset)
-            os.ftruncate(fd_out, size)
-            os.fsync(fd_out)
-        finally:
-            os.close(fd_out)
-    finally:
-        os.close(fd_in)
-
-
-def _move_tree(src: Path, dst: Path) -> None:
-    """Move the directory `src` over `dst`: a rename, or across filesystems a copy (owners
-    and modes kept, every file and directory fsynced) renamed into place before `src` goes."""
-    if dst.exists():
-        shutil.rmtree(dst)
-    try:
-        os.rename(src, dst)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        partial = dst.with_name(dst.name + ".partial")
-        if partial.exists():
-            shutil.rmtree(partial)
-        shutil.copytree(src, partial, symlinks=True)
-        for top, dirs, files in os.walk(src):
-            for name in (top, *(os.path.join(top, n) for n in (*dirs, *files))):
-                st = os.lstat(name)
-                os.lchown(partial / os.path.relpath(name, src), st.st_uid, st.st_gid)
-        scan(partial, fsync=True)
-        os.rename(partial, dst)
-        _fsync_path(dst.parent, directory=True)
-        shutil.rmtree(src)
-    _fsync_path(dst.parent, directory=True)
-    _fsync_path(src.parent, directory=True)
+    """Describe the tree under `root` from scratch (every file read), optionally fsyncing
+    every entry."""
+    return _scan(root, limits=_UNBOUNDED, fsync=fsync).manifest
 
 
 @dataclass(frozen=True)
@@ -286,10 +93,18 @@ class WorkspaceStore:
 
     IMAGES_DIR = ".images"  # agent ids never start with ".", so it names no agent
 
-    def __init__(self, state_dir: Path, *, limits: DiskLimits | None = None) -> None:
+    def __init__(self, state_dir: Path, *, limits: DiskLimits | None = None,
+                 capture_limits: CaptureLimits | None = None,
+                 hasher: Hasher = block_digest) -> None:
         self._state_dir = Path(state_dir)
         self._root = self._state_dir / "workspaces"
         self._limits = limits
+        self.capture_limits = capture_limits or CaptureLimits()
+        self._hasher = hasher
+        # Each agent's last manifest (captured or verified): what the next capture and
+        # verification compare metadata with. Only the controller's own scans enter it.
+        self._manifests: dict[str, Manifest] = {}
+        self.last_scan: ScanResult | None = None  # what the last capture or verify read
 
     @property
     def root(self) -> Path:
@@ -412,54 +227,101 @@ class WorkspaceStore:
         reason = None if used is None else used.full_reason()
         return None if reason is None else f"workspace of {agent_id}: {reason}"
 
-    def capture(self, agent_id: str) -> Manifest:
-        """Make the workspace durable, then describe it.
+    def capture(self, agent_id: str, previous: Manifest | None = None) -> Manifest:
+        """Make the workspace durable, then describe it, reading only what changed since
+        the store's last manifest of the agent (or `previous`, a committed one, when the
+        store has none: after a restart). CaptureRefused past a capture limit or on an
+        entry that cannot be kept; nothing is remembered then.
 
         An image-backed root is its agent's own filesystem: one syncfs makes all of it
-        durable (several times faster than an fsync per file and directory, which a plain
-        root still gets). Capture runs only when no process is left in the sandbox, so
-        nothing changes between the sync and the scan.
+        durable (cheaper than an fsync per changed file and directory, which a plain root
+        gets). Capture runs only when no process is left in the sandbox.
         """
         path = self._existing(agent_id)
-        if self._limits is not None and os.path.ismount(path):
+        baseline = self._manifests.get(agent_id, previous)
+        synced = self._limits is not None and os.path.ismount(path)
+        if synced:
             try:
                 diskfs.sync(path)
             except OSError as exc:
                 raise WorkspaceError(f"cannot make workspace {path} durable: {exc}") from exc
-            manifest = scan(path, fsync=False)
-        else:
-            manifest = scan(path, fsync=True)
-        logger.debug(
-            "captured workspace %s: %d entries, digest %s",
-            path,
-            len(manifest.entries),
-            manifest.digest,
-        )
-        return manifest
+        result = _scan(path, baseline, limits=self.capture_limits, hasher=self._hasher,
+                       fsync=not synced)
+        if not synced:
+            _fsync_path(path, directory=True)
+        self._remember(agent_id, result)
+        logger.debug("captured workspace %s: %d entries, %d hashed, digest %s", path,
+                     result.num_entries, result.num_hashed, result.manifest.digest)
+        return result.manifest
 
     def manifest(self, agent_id: str) -> Manifest:
         """Describe the workspace without fsyncing it."""
-        return scan(self._existing(agent_id), fsync=False)
+        path = self._existing(agent_id)
+        return _scan(path, self._manifests.get(agent_id), limits=_UNBOUNDED,
+                     hasher=self._hasher).manifest
 
     def verify(self, agent_id: str, digest: str, previous: Manifest | None = None) -> Manifest:
-        """Recompute the manifest; raise WorkspaceError unless its digest is `digest`."""
+        """Check, before a sandbox is built on it, that the workspace still holds the
+        content named by `digest` (`previous`: the committed manifest behind it); raise
+        WorkspaceError otherwise. Empties the overlay workdir first.
+
+        Entries whose metadata equal those of the last manifest (the store's, else
+        `previous`) are not read; the others are hashed again, and any real difference
+        fails. A version 1 manifest is verified by rehashing the whole tree."""
         path = self._existing(agent_id)
-        current = scan(path, fsync=False)
-        if current.digest == digest:
-            return current
+        self._empty_overlay_work(path)
+        known = self._manifests.get(agent_id)
+        baseline = next((m for m in (known, previous) if m is not None and m.digest == digest),
+                        None)
+        version = MANIFEST_VERSION if baseline is None else baseline.version
+        result = _scan(path, baseline, limits=_UNBOUNDED, hasher=self._hasher,
+                       version=version)
+        if result.manifest.digest != digest and baseline is None:
+            result = _scan(path, limits=_UNBOUNDED, version=1)  # a v1 record without manifest
+        if result.manifest.digest == digest:
+            self._remember(agent_id, result)
+            return result.manifest
+        self._manifests.pop(agent_id, None)
         detail = ""
-        if previous is not None and previous.digest == digest:
-            diff = previous.first_difference(current)
+        if baseline is not None:
+            diff = baseline.first_difference(result.manifest)
             if diff is not None:
                 detail = f"; first difference: {diff}"
         raise WorkspaceError(
             f"workspace {path} does not match its manifest: expected digest {digest}, "
-            f"found {current.digest}{detail}"
+            f"found {result.manifest.digest}{detail}"
         )
+
+    def forget(self, agent_id: str) -> None:
+        """Drop the store's manifest of the agent: its next capture reads every file."""
+        self._manifests.pop(agent_id, None)
+
+    def _remember(self, agent_id: str, result: ScanResult) -> None:
+        self.last_scan = result
+        if result.manifest.version == MANIFEST_VERSION:
+            self._manifests[agent_id] = result.manifest
+        else:
+            self._manifests.pop(agent_id, None)
+
+    @staticmethod
+    def _empty_overlay_work(path: Path) -> None:
+        """The overlay workdir holds only overlayfs's own scratch: emptied before a mount."""
+        work = path / OVERLAY_WORK_DIR
+        if not work.is_dir() or work.is_symlink():
+            return
+        try:
+            for entry in work.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        except OSError as exc:
+            raise WorkspaceError(f"cannot empty the overlay workdir {work}: {exc}") from exc
 
     def delete(self, agent_id: str) -> None:
         """Remove the agent's workspace: unmount it, remove its root and image (idempotent)."""
         path = self.path_for(agent_id)
+        self._manifests.pop(agent_id, None)
         try:
             self._remove(path, self.image_for(agent_id))
             if self._root.exists():
@@ -550,6 +412,7 @@ class WorkspaceStore:
         image, src_image = self.image_for(agent_id), source.image_for(agent_id)
         if path == src_path:
             raise WorkspaceError(f"workspace {path}: source and destination are the same")
+        self._manifests.pop(agent_id, None)
         try:
             if src_image.exists() or src_path.is_dir():
                 diskfs.unmount(src_path)
