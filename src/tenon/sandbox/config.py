@@ -61,12 +61,17 @@ class DockerBackendConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["docker"] = Field(default="docker", description="Selects this backend.")
+    state_dir: Path = Field(
+        default=DEFAULT_STATE_DIR,
+        description="Where base images' root filesystems are read and sandboxes' writable "
+        "roots are mounted (the runtime's state directory).",
+    )
 
     def make(self, domain: DomainMeter, clock: Clock | None = None) -> SandboxBackend:
         """The backend, materializing in `domain` (a `WorkloadDomain`); `clock` is unused."""
         from tenon.sandbox.docker import DockerBackend
 
-        return DockerBackend(_workload_domain(domain, self.type))
+        return DockerBackend(_workload_domain(domain, self.type), state_dir=self.state_dir)
 
 
 class SimBackendConfig(BaseModel):

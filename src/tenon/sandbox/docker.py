@@ -7,17 +7,29 @@ timeout from the host (exec pid, descendants, anything with its TENON_EXEC_ID). 
 `ExecIO` the exec keeps stdout and stderr apart (demuxed frames), attaches stdin to its
 socket when asked for, and is signalled from the host the same way.
 
-Isolation: the container and every action run as the sandbox's own unprivileged host uid
-(`sandbox.uids`; gid the same number, no user namespace, so per-user kernel limits such as
-inotify instances are per sandbox), which owns the persistent root, mode 0700. The root
-filesystem is read-only; only the persistent binds, the disposable tmpfs, /dev/shm (a
-tmpfs capped at `tmp_size_bytes`) and /dev/mqueue are writable. All capabilities are
-dropped, no-new-privileges is set, the pids cgroup caps `max_pids`, and each container has
-private pid, IPC, mount and network namespaces (network `none`, or with network the
+Filesystem: the root is writable and persistent (`docker_root`): an overlay of the image's
+rootfs below and the agent's persistent `upper/` above, mounted on the host and made the
+container's root by a pivot in its mount namespace, with the persistent directories bound
+over it. What root inside installs (apt-get, pip into the system site-packages) or edits
+(/etc, /testbed) survives destroy + materialize. /dev and /sys/fs/cgroup are read-only;
+/dev/shm (a tmpfs capped at `tmp_size_bytes`), /dev/mqueue and the disposable tmpfs are
+writable and dropped with the container.
+
+Isolation: Docker remaps user namespaces (`"userns-remap": "default"`): container id `i` is
+host id `R + i` (R from /etc/subuid for dockremap). Actions run as uid 1000 (no capability,
+no-new-privileges: setuid binaries gain nothing), or with `user="root"` as root of the
+container's user namespace with Docker's default capabilities, which are capabilities over
+that namespace only: host uid R, never host root. Every container shares the one range, so
+an agent's files are kept from another's by the persistent root's mode (0700, owned by R
+while live, by host root between sandboxes) and by each container's private mount
+namespace, not by distinct uids; kernel per-user counters are counted per user namespace
+and, above it, all containers' together under the namespace owner (host root): inotify
+instances and watches, user namespaces, and RLIMIT_MSGQUEUE bytes. Each container has its
+own pid, IPC, mount, network and user namespaces (network `none`, or with network the
 `SANDBOX_NETWORK` bridge: the host's loopback and other sandboxes are out of reach, host
-services bound to every address are not). An agent gets its previous uid back when it is
-free, so a rebuild changes no owner; between sandboxes the root directory is root's.
-docs/ISOLATION.md lists each escape tried against this.
+services bound to every address are not), Docker's default seccomp profile, a pids cgroup
+capped at `max_pids` and its memory in the domain. docs/ISOLATION.md lists each escape
+tried against this.
 """
 
 from __future__ import annotations
@@ -48,7 +60,6 @@ from docker.utils.socket import STDERR, frames_iter
 from tenon.errors import (
     BackendUnavailable,
     HostError,
-    ImageNotFound,
     SandboxDied,
     SandboxError,
     SandboxFrozen,
@@ -66,6 +77,7 @@ from tenon.sandbox._exec import (
     signal_action,
 )
 from tenon.sandbox.base import (
+    DEFAULT_STATE_DIR,
     HOME_DIR,
     PERSISTENT_MOUNTS,
     BackendCapacity,
@@ -74,9 +86,22 @@ from tenon.sandbox.base import (
     ProcessInfo,
     SandboxSpec,
 )
-from tenon.sandbox.container_files import unexpected_writable_mounts, walk_upper, written_paths
-from tenon.sandbox.ownership import hide_persistent_root, own_persistent_root
-from tenon.sandbox.uids import UidAllocator, shared_allocator
+from tenon.sandbox.container_files import unexpected_writable_mounts
+from tenon.sandbox.docker_enter import NEW_ROOT
+from tenon.sandbox.docker_root import (
+    PLACEHOLDER_COMMAND,
+    USER_ID,
+    enter_root,
+    make_mount_points,
+    mount_root,
+    own_remapped_root,
+    placeholder_image,
+    remap_base,
+    shifted_lower,
+    unmount_root,
+)
+from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.ownership import hide_persistent_root
 
 if TYPE_CHECKING:
     from tenon.host.domain import SandboxCgroup, WorkloadDomain
@@ -103,6 +128,17 @@ _PID_POLL_S = 0.005  # how often to ask for a just-started exec's pid
 _REAP_TIMEOUT_S = 2.0  # how long a killed exec's process may take to be reaped by the shim
 _CANCEL_KILL_TIMEOUT_S = 10.0  # how long a cancelled interactive command's kill may take
 _DAEMON_FIX = "start dockerd (systemctl start docker), or run: bash scripts/setup.sh"
+USERS = {"user": f"{USER_ID}:{USER_ID}", "root": "0:0"}  # `exec(user=...)` -> Docker's user
+# Docker's own mounts moved from the placeholder root onto the sandbox's tree; with network
+# also Docker's /etc/hosts, /etc/hostname and /etc/resolv.conf (else the image's own).
+_MOVED_MOUNTS = ("/proc", "/dev", "/sys", *PERSISTENT_MOUNTS.values())
+_NETWORK_FILES = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
+# Writable mounts that hold no action's state besides the persistent and inspected ones:
+# the root (persistent) and the device nodes Docker binds in a user namespace.
+_KEPT_WRITABLE = frozenset(["/", *(f"/dev/{name}" for name in
+                                   ("null", "zero", "full", "random", "urandom", "tty"))])
+# Per-container values of namespaced kernel limits (its own IPC namespace): POSIX queues.
+_SYSCTLS = {"fs.mqueue.queues_max": "64", "fs.mqueue.msg_max": "10"}
 
 
 T = TypeVar("T")
@@ -143,21 +179,24 @@ def connect(timeout_s: float = 30.0) -> docker.DockerClient:
     return client
 
 
-def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
-    """`containers.create` keyword arguments shared by Tenon and the bare baseline; the
-    container runs as `uid`, which must own the persistent root (`own_persistent_root`)."""
-    if uid == 0:  # /dev and /sys/fs/cgroup are writable tmpfs for root, and unchecked
-        raise SandboxError(f"sandbox {spec.sandbox_id} may not run as root")
+def container_options(spec: SandboxSpec, root_dir: Path | None = None,
+                      image: str | None = None) -> dict[str, Any]:
+    """`containers.create` keyword arguments shared by Tenon and the bare baseline. With
+    `root_dir` (the sandbox's merged tree) the container starts from the placeholder `image`
+    with the tree bound at `NEW_ROOT` (`docker_enter` pivots onto it); without, from
+    `spec.image` with Docker's own root, read-only. The persistent root must be owned for
+    the remapped container (`own_remapped_root`)."""
     root = spec.workspace.resolve()
     volumes = {str(root / sub): {"bind": target, "mode": "rw"}
                for sub, target in PERSISTENT_MOUNTS.items()}
+    if root_dir is not None:
+        volumes[str(root_dir)] = {"bind": NEW_ROOT, "mode": "rw"}
     tmpfs = {path: f"size={spec.tmp_size_bytes},mode=1777" for path in spec.disposable}
     return {
-        "image": spec.image,
-        "command": ["sleep", "infinity"],
+        "image": image if root_dir is not None and image else spec.image,
+        "command": PLACEHOLDER_COMMAND if root_dir is not None else ["sleep", "infinity"],
         "init": True,  # docker-init reaps orphans, so leftovers never pile up as zombies
-        # Nothing outside the persistent, disposable, /dev/shm and /dev/mqueue mounts is
-        # writable; Docker then binds /etc/hosts, /etc/hostname, /etc/resolv.conf read-only.
+        # The placeholder root is read-only (and detached once the tree is the root).
         "read_only": True,
         "network_mode": SANDBOX_NETWORK if spec.network else "none",
         "volumes": volumes,
@@ -169,9 +208,11 @@ def container_options(spec: SandboxSpec, uid: int) -> dict[str, Any]:
         "ipc_mode": "private",
         "shm_size": spec.tmp_size_bytes,
         "pids_limit": spec.max_pids,
-        "cap_drop": ["ALL"],
+        "sysctls": _SYSCTLS,
+        # Docker's default capabilities, for root inside only (bounded by its user
+        # namespace); uid 1000 holds none. Each exec names its user (`USERS`).
         "security_opt": ["no-new-privileges"],
-        "user": f"{uid}:{uid}",
+        "user": USERS["root" if root_dir is not None else "user"],
         "environment": {"HOME": HOME_DIR, **spec.env},
     }
 
@@ -238,16 +279,18 @@ def _first_exec(client: docker.DockerClient, container_id: str, deadline: float)
 
 
 class DockerBackend:
-    """Materializes sandboxes as Docker containers inside the workload domain."""
+    """Materializes sandboxes as Docker containers inside the workload domain, each on its
+    own writable root (`docker_root`) under `state_dir`."""
 
     name = "docker"
     simulated = False
 
     def __init__(self, domain: WorkloadDomain, client: docker.DockerClient | None = None, *,
-                 uids: UidAllocator | None = None) -> None:
+                 state_dir: Path = DEFAULT_STATE_DIR) -> None:
         self.domain = domain
         self._client = client
-        self.uids = uids or shared_allocator()
+        self.state_dir = state_dir
+        self.roots_dir = state_dir / "docker" / "roots"
 
     @property
     def client(self) -> docker.DockerClient:
@@ -268,9 +311,16 @@ class DockerBackend:
 
     def remove_leftovers(self, sandbox_prefix: str = "") -> list[str]:
         """Remove every container labelled with this domain (a dead controller's) whose
-        sandbox id starts with `sandbox_prefix`."""
-        return [f"container:{cid[:12]}" for cid in remove_domain_containers(
+        sandbox id starts with `sandbox_prefix`, then the root trees mounted for them."""
+        removed = [f"container:{cid[:12]}" for cid in remove_domain_containers(
             self.client, self.domain.name, sandbox_prefix=sandbox_prefix)]
+        if self.roots_dir.is_dir():
+            for merged in sorted(self.roots_dir.iterdir()):
+                if merged.name.startswith(sandbox_prefix) and not self._container_exists(
+                        self.client, merged.name):
+                    unmount_root(merged)
+                    removed.append(f"root:{merged}")
+        return removed
 
     def release_domain(self) -> None:
         """Remove the `<hierarchy>/<domain>` directories Docker's cgroupfs driver made in
@@ -278,7 +328,7 @@ class DockerBackend:
         remove_parent_cgroups(self.domain.name)
 
     def image_root(self, image: str) -> Path | None:
-        """None: an image's files are in the Docker Engine's storage, not read directly."""
+        """None: a sandbox's root is its own overlay, read through the sandbox."""
         return None
 
     def check(self, image: str = "tenon-base:bookworm") -> list[str]:
@@ -288,13 +338,11 @@ class DockerBackend:
         except Exception as exc:
             return [f"Docker Engine does not answer ({exc}); {_DAEMON_FIX}"]
         try:
-            client.images.get(image)
-        except docker.errors.ImageNotFound:
-            return [f"image {image!r} is missing from Docker; run: tenon image build"]
-        except Exception as exc:
-            return [f"cannot query image {image!r} ({exc}); {_DAEMON_FIX}"]
-        try:
-            return [*self.uids.check(), *engine_problems(client)]
+            image_rootfs(image, self.state_dir)
+            remap_base(client)
+            return engine_problems(client)
+        except SandboxError as exc:
+            return [str(exc)]
         except Exception as exc:
             return [f"cannot query Docker's security options ({exc}); {_DAEMON_FIX}"]
 
@@ -304,36 +352,43 @@ class DockerBackend:
     def _materialize(self, spec: SandboxSpec) -> DockerSandbox:
         client = self.client
         start = time.perf_counter()
+        try:
+            base = remap_base(client)
+            placeholder = placeholder_image(client, self.state_dir)
+        except SandboxError:
+            raise
+        except Exception as exc:  # requests' ConnectionError and friends
+            raise BackendUnavailable(f"Docker Engine failed ({exc}); {_DAEMON_FIX}") from exc
+        lower = shifted_lower(spec.image, self.state_dir, base)
         root = spec.workspace.resolve()
+        own_remapped_root(root, base)
+        merged = self.roots_dir / spec.sandbox_id
+        self.roots_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        mount_root(lower, root, merged)
         try:
-            # The root itself is root's between sandboxes (`_destroy`); its workspace/ keeps
-            # the previous owner.
-            previous_uid: int | None = (root / "workspace").lstat().st_uid
-        except OSError:
-            previous_uid = None
-        uid = self.uids.acquire(previous_uid)
-        try:
-            own_persistent_root(root, uid)
-            return self._start(client, spec, uid, start)
+            make_mount_points(merged, [*PERSISTENT_MOUNTS.values(), *spec.disposable],
+                              list(_NETWORK_FILES) if spec.network else [], base)
+            return self._start(client, spec, merged, placeholder, base, start)
         except BaseException:
-            if not self._container_exists(client, spec):  # else something may run as uid
-                self.uids.release(uid)
+            if not self._container_exists(client, spec.sandbox_id):
+                with contextlib.suppress(SandboxError):
+                    unmount_root(merged)
             raise
 
     @staticmethod
-    def _container_exists(client: docker.DockerClient, spec: SandboxSpec) -> bool:
+    def _container_exists(client: docker.DockerClient, sandbox_id: str) -> bool:
         """Whether the sandbox's container exists; True when Docker cannot say."""
         try:
-            client.containers.get(f"tenon-{spec.sandbox_id}")
+            client.containers.get(f"tenon-{sandbox_id}")
         except docker.errors.NotFound:
             return False
         except Exception:
             return True
         return True
 
-    def _start(self, client: docker.DockerClient, spec: SandboxSpec, uid: int,
-               start: float) -> DockerSandbox:
-        options = container_options(spec, uid)
+    def _start(self, client: docker.DockerClient, spec: SandboxSpec, merged: Path,
+               placeholder: str, base: int, start: float) -> DockerSandbox:
+        options = container_options(spec, merged, placeholder)
         if spec.network:
             try:
                 ensure_sandbox_network(client)
@@ -357,24 +412,20 @@ class DockerBackend:
                 with contextlib.suppress(Exception):
                     container.remove(force=True)
                 raise
-        except docker.errors.ImageNotFound as exc:
-            msg = f"image {spec.image!r} is missing from Docker; run: tenon image build"
-            raise ImageNotFound(msg) from exc
         except docker.errors.APIError as exc:
             raise SandboxError(f"cannot start container for {spec.sandbox_id}: {exc}") from exc
         except Exception as exc:  # requests' ConnectionError and friends
             raise BackendUnavailable(f"Docker Engine failed ({exc}); {_DAEMON_FIX}") from exc
         try:
             container_id = _created_id(container)
-            _first_exec(client, container_id, time.monotonic() + _READY_TIMEOUT_S)
             container.reload()
             init_pid = int(container.attrs["State"]["Pid"])
+            _pivot(init_pid, spec, base)
+            _first_exec(client, container_id, time.monotonic() + _READY_TIMEOUT_S)
             relative = _container_cgroup(init_pid, self.domain.name, container_id)
             cgroup = self.domain.adopt(spec.sandbox_id, relative)
             # Snapshot after the first exec has exited: docker-init and its idle child.
             init_pids = frozenset(cgroup.pids())
-            driver = container.attrs["GraphDriver"]
-            upper = Path(driver["Data"]["UpperDir"]) if driver["Name"] == "overlay2" else None
             own_state = _own_namespace_state(init_pid, spec.sandbox_id)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -382,8 +433,29 @@ class DockerBackend:
             raise
         ready_s = time.perf_counter() - start
         logger.info("sandbox %s ready in %.3f s (cgroup %s)", spec.sandbox_id, ready_s, relative)
-        parts = (client, container, cgroup, init_pid, init_pids, upper)
-        return DockerSandbox(spec, relative, *parts, ready_s, uid, self.uids, own_state)
+        parts = (client, container, cgroup, init_pid, init_pids, merged)
+        return DockerSandbox(spec, relative, *parts, ready_s, base, own_state)
+
+
+def _pivot(init_pid: int, spec: SandboxSpec, base: int) -> None:
+    """Make the container's root its tree: move Docker's mounts onto it, pivot, and make
+    /dev and /sys/fs/cgroup (each cgroup hierarchy too) read-only."""
+    if (uid_map := procfs_uid_map(init_pid)) != base:
+        raise SandboxError(f"container of {spec.sandbox_id} maps root to host uid {uid_map}, "
+                           f"not {base}; is another daemon.json in use?")
+    moves = [*_MOVED_MOUNTS, *spec.disposable, *(_NETWORK_FILES if spec.network else ())]
+    cgroups = [m.mount_point for m in procfs.mount_table(init_pid)
+               if m.mount_point.startswith("/sys/fs/cgroup")]
+    enter_root(init_pid, moves, ["/dev", *sorted(set(cgroups))])
+
+
+def procfs_uid_map(pid: int) -> int | None:
+    """The host uid container root of `pid` maps to (None: not in a user namespace)."""
+    for line in Path(f"/proc/{pid}/uid_map").read_text().splitlines():
+        inside, outside, _count = line.split()
+        if inside == "0":
+            return None if outside == "0" else int(outside)
+    return None
 
 
 @dataclass(eq=False)
@@ -397,21 +469,29 @@ class DockerSandbox:
     cgroup: SandboxCgroup
     init_pid: int  # docker-init, the container's pid 1: a way into its namespaces
     init_pids: frozenset[int]  # docker-init and its idle child, never reported or killed
-    upper_dir: Path | None  # overlay2 writable layer, read from the host
+    root_dir: Path  # the sandbox's tree (overlay) as mounted on the host
     ready_s: float  # create -> first successful exec
-    host_uid: int  # held from `uids` until the container is gone
-    uids: UidAllocator
+    remap_base: int  # host uid of root inside; container id i is host id remap_base + i
     # What the namespaces held before any action ran (Docker's embedded DNS server listens
     # on 127.0.0.11 in every container on a user-defined network): never an action's state.
     own_state: frozenset[str]
     _destroyed: bool = False
 
+    @property
+    def host_uid(self) -> int:
+        """The host uid of the default user inside (uid 1000)."""
+        return self.remap_base + USER_ID
+
     async def exec(
         self, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
-        io: ExecIO | None = None,
+        io: ExecIO | None = None, user: str | None = None,
     ) -> ExecResult:
+        """`Sandbox.exec`; `user` "root" runs it as root of the container's user namespace,
+        None or "user" as the default user (uid 1000)."""
         if self._destroyed:
             raise SandboxError(f"sandbox {self.spec.sandbox_id} was destroyed")
+        if (user or "user") not in USERS:
+            raise SandboxError(f"unknown user {user!r}; expected one of {', '.join(USERS)}")
         try:
             frozen = self.cgroup.is_frozen()
         except OSError as exc:
@@ -422,7 +502,8 @@ class DockerSandbox:
         start = time.perf_counter()
         try:
             while True:
-                result = await self._exec_once(command, timeout_s, max_output_bytes, control)
+                result = await self._exec_once(command, timeout_s, max_output_bytes, control,
+                                               user or "user")
                 if result.exit_code != 126 or _PAUSED_REFUSAL not in result.output:
                     code = result.exit_code if control is None else control.exit_code(result)
                     return dataclasses.replace(result, exit_code=code,
@@ -439,13 +520,13 @@ class DockerSandbox:
                 control.finish()
 
     async def _exec_once(self, command: str, timeout_s: float, max_output_bytes: int,
-                         control: _DockerControl | None) -> ExecResult:
+                         control: _DockerControl | None, user: str) -> ExecResult:
         token = uuid.uuid4().hex
         api = self.client.api
         start = time.perf_counter()
         io = None if control is None else control.io
         try:
-            exec_id, raw = await _in_pool(self._start, command, token, io)
+            exec_id, raw = await _in_pool(self._start, command, token, io, user)
         except docker.errors.APIError as exc:
             raise SandboxDied(f"exec in {self.spec.sandbox_id} failed: {exc}") from exc
         # The unix-socket transport hands back a SocketIO; shutdown() needs the real socket.
@@ -499,20 +580,22 @@ class DockerSandbox:
         elapsed_s = time.perf_counter() - start
         return ExecResult(code, output.text(), output.truncated, elapsed_s, timed_out=timed_out)
 
-    def _start(self, command: str, token: str, io: ExecIO | None) -> tuple[str, Any]:
+    def _start(self, command: str, token: str, io: ExecIO | None,
+               user: str) -> tuple[str, Any]:
         """Create and start the exec: without `io` stderr joins stdout (one interleaved
         stream, `_MERGED_SH`); with it the streams stay apart, stdin is attached when asked,
         and the command runs in `io.cwd` (a missing one fails as the shell's cd does)."""
         api = self.client.api
+        home = {"HOME": "/root" if user == "root" else HOME_DIR}
         if io is None:
-            env = {"HOME": HOME_DIR, **self.spec.env, EXEC_ID_VAR: token}
+            env = {**home, **self.spec.env, EXEC_ID_VAR: token}
             argv = [*_MERGED_SH, command]
         else:
-            env = {"HOME": HOME_DIR, **self.spec.env, **exec_env(io.env), EXEC_ID_VAR: token}
+            env = {**home, **self.spec.env, **exec_env(io.env), EXEC_ID_VAR: token}
             argv = cwd_env_argv(io.cwd or WORKSPACE, {}, command)
         stdin = io is not None and io.stdin
         exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=WORKSPACE,
-                                  stdin=stdin)
+                                  stdin=stdin, user=USERS[user])
         exec_id = exec_id["Id"]
         return exec_id, api.exec_start(exec_id, socket=True)
 
@@ -557,30 +640,24 @@ class DockerSandbox:
     def leftover_state(self) -> list[str] | None:
         """State a later action could observe outside the persistent and disposable paths:
         /dev/shm files, POSIX and SysV IPC objects and sockets of the container's namespaces
-        (`host.nsinspect`, through docker-init's pid), and paths in the writable layer.
-
-        The root is read-only, so the overlay upper directory holds only the mount points
-        runc made; it is walked anyway (from the host, well under a millisecond), as is the
-        container's mount table, so that a writable mount nobody inspects makes the answer
-        unknown rather than empty. `docker diff` answers the walk's question in ~0.4 s, so it
-        is only the fallback.
+        (`host.nsinspect`, through docker-init's pid). The root is persistent (its writes
+        are kept like /workspace's), so files are not listed; the container's mount table
+        is read, so that a writable mount nobody inspects makes the answer unknown rather
+        than empty.
         """
         sandbox_id = self.spec.sandbox_id
         try:
-            if unexpected := unexpected_writable_mounts(self.init_pid, self.spec.disposable):
+            unexpected = unexpected_writable_mounts(self.init_pid, self.spec.disposable)
+            if unexpected := [m for m in unexpected if m not in _KEPT_WRITABLE]:
                 logger.warning("sandbox %s: writable mounts nobody inspects: %s",
                                sandbox_id, ", ".join(unexpected))
                 return None
-            if self.upper_dir is not None and self.upper_dir.is_dir():
-                changed = walk_upper(self.upper_dir)
-            else:
-                changed = [(str(c["Path"]), c["Kind"] == 0) for c in self.container.diff() or []]
             in_namespaces = [item for item in nsinspect.namespace_state(self.init_pid)
                              if item not in self.own_state]
         except Exception as exc:
             logger.warning("sandbox %s: cannot list leftover state: %s", sandbox_id, exc)
             return None
-        return written_paths(changed, self.spec.disposable) + in_namespaces
+        return in_namespaces
 
     def oom_killed(self) -> bool:
         """Docker's own OOMKilled flag (a cross-check; the domain's OOM counters are primary)."""
@@ -612,16 +689,17 @@ class DockerSandbox:
         except HostError as exc:
             msg = f"cgroup of {self.spec.sandbox_id} outlived its container: {exc}"
             raise SandboxError(msg) from exc
-        # The uid may go to another agent next: it must not own a way into this root.
+        unmount_root(self.root_dir)  # nothing runs on it: the cgroup is gone
+        # Every container's root is the same host uid: between sandboxes only host root
+        # may enter this persistent root.
         root = self.spec.workspace.resolve()
         try:
             hide_persistent_root(root)
         except FileNotFoundError:
             pass  # the workspace is gone already
-        except OSError as exc:  # keep the uid: nobody else may hold it while it owns the root
-            msg = f"cannot take {root} back from uid {self.host_uid}: {exc}"
+        except OSError as exc:
+            msg = f"cannot take {root} back from uid {self.remap_base}: {exc}"
             raise SandboxError(msg) from exc
-        self.uids.release(self.host_uid)  # nothing runs as it: the cgroup is gone
         self._destroyed = True
 
 
@@ -778,13 +856,12 @@ def bare_docker_lifecycle(
     """Baseline for the lifecycle benchmark: plain `docker run -d` with Tenon's flags minus
     the cgroup parent, timed until `true` execs, then `docker rm -f`. Medians in ms."""
     times_ms: dict[str, list[float]] = {"bare_run_ms": [], "bare_rm_ms": []}
-    uids = shared_allocator()
-    uid = uids.acquire()
-    try:
-        with tempfile.TemporaryDirectory(prefix="tenon-bare-") as tmp:
-            spec = SandboxSpec("bare", image, workspace or Path(tmp))
-            own_persistent_root(spec.workspace, uid)
-            options = container_options(spec, uid)
+    base = remap_base(client)
+    with tempfile.TemporaryDirectory(prefix="tenon-bare-") as tmp:
+        spec = SandboxSpec("bare", image, workspace or Path(tmp))
+        own_remapped_root(spec.workspace, base)
+        try:
+            options = container_options(spec)
             for _ in range(n):
                 start = time.perf_counter()
                 container = client.containers.create(labels={"tenon.bare": "1"}, **options)
@@ -797,6 +874,6 @@ def bare_docker_lifecycle(
                     start = time.perf_counter()
                     container.remove(force=True)
                     times_ms["bare_rm_ms"].append((time.perf_counter() - start) * 1000)
-    finally:
-        uids.release(uid)  # every container it ran is removed
+        finally:
+            hide_persistent_root(spec.workspace)
     return {"n": float(n)} | {key: statistics.median(ms) for key, ms in times_ms.items()}

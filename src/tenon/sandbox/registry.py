@@ -21,8 +21,7 @@ def backend_config(name: str, state_dir: Path) -> BackendConfig:
     """The config the flags `--backend name --state-dir state_dir` select."""
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
-    fields = {"state_dir": state_dir} if name == "process" else {}
-    return parse_backend_config({"type": name, **fields})
+    return parse_backend_config({"type": name, "state_dir": state_dir})
 
 
 def make_backend(name: str, domain: WorkloadDomain, state_dir: Path) -> SandboxBackend:
