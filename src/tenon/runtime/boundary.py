@@ -38,7 +38,7 @@ from tenon.runtime.agents import AgentState, Lifecycle, Waker
 from tenon.runtime.eligibility import check_restartable
 from tenon.runtime.events import EventLog
 from tenon.runtime.execution import ExecutionLoop, RunningAction
-from tenon.runtime.residency import BlockingRunner, ResidencyManager, TeardownResult
+from tenon.runtime.residency import BlockingRunner, CheckToken, ResidencyManager, TeardownResult
 from tenon.runtime.results import AgentClosed, WorkflowFailed
 from tenon.sandbox.base import DomainMeter, Sandbox
 
@@ -93,6 +93,9 @@ class Boundary:
         self._blocking = blocking
         self.tally = BoundaryTally()
         self._waiting: dict[str, tuple[RunningAction, asyncio.Future[AdmitDecision]]] = {}
+        # Each agent's last restart-safe check that said restartable: a teardown before
+        # anything else runs in that sandbox need not check again.
+        self._checks: dict[str, CheckToken] = {}
 
     # -- admission ----------------------------------------------------------------
 
@@ -297,6 +300,7 @@ class Boundary:
             eligibility = replace(eligibility, restartable=False,
                                   reason="a command run alongside the action is still running")
         state.restartable, state.restart_reason = eligibility.restartable, eligibility.reason
+        self._note_check(state.agent_id, eligibility.restartable)
         state.idle_bytes = last_usage
         self.tally.add(eligibility.restartable)
         box = IdleSandbox(state.agent_id, last_usage, eligibility.restartable,
@@ -311,6 +315,13 @@ class Boundary:
         self._start_teardowns(plan.teardowns)
         if plan.reclaim:
             self._start_teardowns(rt.control.reclaim(self.control_snapshot(tick), plan.pressure))
+
+    def _note_check(self, agent_id: str, restartable: bool) -> None:
+        token = self._rt.residency.check_token(agent_id) if restartable else None
+        if token is None:
+            self._checks.pop(agent_id, None)
+        else:
+            self._checks[agent_id] = token
 
     def _start_teardowns(self, orders: tuple[TeardownOrder, ...]) -> None:
         for order in orders:
@@ -333,7 +344,8 @@ class Boundary:
         start = rt.clock.now()
         result: TeardownResult | None = None
         try:
-            result = await rt.residency.teardown(state.agent_id)
+            result = await rt.residency.teardown(state.agent_id,
+                                                 checked=self._checks.pop(state.agent_id, None))
             took = rt.clock.now() - start
             self.tally.lifecycle_s += took
             if result.outcome != "kept_resident":
@@ -341,6 +353,7 @@ class Boundary:
                 self.tally.num_teardowns += 1
             elif result.step != "held":  # an edit or a command alongside: not the check's no
                 state.restartable = False  # the protocol's own check said no: keep it
+                state.restart_reason = result.reason
             rt.events.emit("teardown", agent_id=state.agent_id, outcome=result.outcome,
                            reason=result.reason, why=why, duration_s=round(took, 4))
         except Exception:

@@ -1,19 +1,20 @@
 """Residency: tear idle sandboxes down safely and rebuild them from committed records.
 
 Teardown runs, in this order: block dispatch, validate (the fail-closed restart-safe
-check), capture (fsync + workspace manifest), commit the recovery record, destroy. The
-invariant is that at every instant an agent has a live sandbox or a committed record
-describing how to rebuild it, never neither:
+check, skipped when the boundary's own check said restartable and nothing ran in the
+sandbox since: `check_token`), capture (durable workspace + manifest, reading only what
+changed), commit the recovery record, destroy. The invariant is that at every instant an
+agent has a live sandbox or a committed record describing how to rebuild it, never neither:
 
 - a failure before the commit leaves the sandbox resident, usable and unblocked;
 - once the record is committed the sandbox is no longer dispatched to; destroy is
   retried, and a sandbox that still refuses to die is kept on a pending list that
   `reap()` (and the next rematerialize) retry, so it is never silently forgotten.
 
-Rematerialize provisions a fresh sandbox from the record, verifies the workspace digest
-and only then marks the new generation resident. Any failure destroys the partial
-sandbox, marks the agent blocked and raises RecoveryError; a later call starts again
-from the record, never from the partial state.
+Rematerialize verifies the workspace against the record's digest, provisions a fresh
+sandbox from the record and only then marks the new generation resident. Any failure
+destroys the partial sandbox, marks the agent blocked and raises RecoveryError; a later
+call starts again from the record, never from the partial state.
 
 Dispatch blocking is a per-agent asyncio lock: `exec()` takes it, teardown and
 rematerialize hold it for their whole duration, and teardown refuses (kept resident)
@@ -27,7 +28,7 @@ for one in flight, and a lifecycle step waits for the edits in flight before it 
 a rebuild always verifies against the record as the edit left it.
 
 Fault points: `faults(step, agent_id)` is called just before each step ("validate",
-"capture", "commit", "destroy", "materialize", "verify"); raising from it injects a
+"capture", "commit", "destroy", "verify", "materialize"); raising from it injects a
 failure at that step.
 """
 
@@ -46,13 +47,17 @@ from tenon.errors import RecoveryError, SandboxError
 from tenon.host.diskfs import DiskLimits
 from tenon.runtime.eligibility import check_restartable
 from tenon.sandbox.base import ExecIO, ExecResult, Sandbox, SandboxBackend, SandboxSpec
+from tenon.state.capture import CaptureRefused
 from tenon.state.recovery import RecoveryRecord, RecoveryStore
 from tenon.state.workspace import WorkspaceStore
 
 logger = logging.getLogger(__name__)
 
 TEARDOWN_STEPS = ("validate", "capture", "commit", "destroy")
-REMATERIALIZE_STEPS = ("materialize", "verify")
+REMATERIALIZE_STEPS = ("verify", "materialize")
+# (sandbox id, actions and commands started in it): taken when the boundary's restart-safe
+# check said restartable; equal at teardown, nothing ran since and the check stands.
+CheckToken = tuple[str, int]
 # SandboxSpec fields a backend config may set; anything else is rejected.
 SPEC_CONFIG_KEYS = frozenset({"network", "max_pids", "tmp_size_bytes", "disposable", "env"})
 
@@ -88,6 +93,7 @@ class _Slot:
     holds: int = 0  # workspace edits in flight (`hold`)
     alongside: int = 0  # commands running next to the action in flight (`exec_alongside`)
     in_lifecycle: bool = False  # a start, teardown or rematerialize is past its wait for edits
+    num_runs: int = 0  # actions and commands started in the live sandbox
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
@@ -186,6 +192,13 @@ class ResidencyManager:
         slot = self._slots.get(agent_id)
         return slot is not None and slot.dispatch_blocked
 
+    def check_token(self, agent_id: str) -> CheckToken | None:
+        """What a restart-safe check of the agent's live sandbox made now stands for."""
+        slot = self._slots.get(agent_id)
+        if slot is None or slot.sandbox is None:
+            return None
+        return slot.sandbox.spec.sandbox_id, slot.num_runs
+
     def pending_destroys(self, agent_id: str | None = None) -> list[Sandbox]:
         """Sandboxes whose record is committed but whose destroy has not yet succeeded."""
         slots = self._slots.values() if agent_id is None else [self._slot(agent_id)]
@@ -230,6 +243,7 @@ class ResidencyManager:
             if slot.dispatch_blocked:  # defensive: the lock already excludes teardown
                 raise SandboxError(f"agent {agent_id}: dispatch is blocked")
             sandbox = slot.sandbox or await self._rematerialize_locked(agent_id, slot)
+            slot.num_runs += 1
             return await _exec(sandbox, command, timeout_s, max_output_bytes, io)
 
     async def exec_alongside(
@@ -244,6 +258,7 @@ class ResidencyManager:
         if slot is None or sandbox is None or slot.dispatch_blocked or slot.in_lifecycle:
             raise SandboxError(f"agent {agent_id}: no live sandbox to run a command alongside")
         slot.alongside += 1  # no await since the check: a teardown cannot have begun
+        slot.num_runs += 1
         try:
             return await _exec(sandbox, command, timeout_s, max_output_bytes, io)
         finally:
@@ -265,9 +280,12 @@ class ResidencyManager:
             slot.notify()
 
     async def teardown(
-        self, agent_id: str, *, agent_has_logical_state: bool = True
+        self, agent_id: str, *, agent_has_logical_state: bool = True,
+        checked: CheckToken | None = None,
     ) -> TeardownResult:
-        """Tear the agent's sandbox down if restart-safe; otherwise keep it resident."""
+        """Tear the agent's sandbox down if restart-safe; otherwise keep it resident.
+        `checked`: the token of a restart-safe check that said restartable (`check_token`);
+        when nothing ran in the sandbox since, that check stands and is not made again."""
         slot = self._slots.get(agent_id)
         if slot is None or slot.sandbox is None:
             raise RecoveryError(f"agent {agent_id} has no resident sandbox to tear down")
@@ -286,27 +304,33 @@ class ResidencyManager:
             slot.dispatch_blocked = True
             slot.in_lifecycle = True  # no await since the check: no edit or command began
             try:
-                return await self._teardown_locked(agent_id, slot, agent_has_logical_state)
+                fresh = checked is not None and checked == self.check_token(agent_id)
+                return await self._teardown_locked(agent_id, slot,
+                                                   agent_has_logical_state, fresh)
             finally:
                 slot.dispatch_blocked = False
                 slot.in_lifecycle = False
                 slot.notify()
 
     async def _teardown_locked(
-        self, agent_id: str, slot: _Slot, agent_has_logical_state: bool
+        self, agent_id: str, slot: _Slot, agent_has_logical_state: bool, checked: bool
     ) -> TeardownResult:
         sandbox = slot.sandbox
         assert sandbox is not None  # checked by teardown() under the same lock
         step = "validate"
         try:
             self._fault(step, agent_id)
-            eligibility = await self._blocking(check_restartable, sandbox,
-                                               agent_has_logical_state)
-            if not eligibility.restartable:
-                return TeardownResult(agent_id, "kept_resident", eligibility.reason, step=step)
+            if not (checked and agent_has_logical_state):
+                eligibility = await self._blocking(check_restartable, sandbox,
+                                                   agent_has_logical_state)
+                if not eligibility.restartable:
+                    return TeardownResult(agent_id, "kept_resident", eligibility.reason,
+                                          step=step)
             step = "capture"
             self._fault(step, agent_id)
-            manifest = await self._blocking(self._workspaces.capture, agent_id)
+            record = self._recovery.get(agent_id)
+            manifest = await self._blocking(self._workspaces.capture, agent_id,
+                                            None if record is None else record.manifest)
             step = "commit"
             self._fault(step, agent_id)
             record = self._recovery.commit_teardown(
@@ -318,6 +342,8 @@ class ResidencyManager:
                 slot.config,
                 manifest=manifest,
             )
+        except CaptureRefused as exc:  # what the root holds makes the boundary resident_only
+            return TeardownResult(agent_id, "kept_resident", f"resident_only: {exc}", step=step)
         except Exception as exc:
             logger.warning(
                 "agent %s: teardown stopped at %s, kept resident: %r", agent_id, step, exc
@@ -382,14 +408,14 @@ class ResidencyManager:
             spec = _spec_for(
                 agent_id, generation, record.base_image, workspace, record.backend_config
             )
-            step = "materialize"
-            self._fault(step, agent_id)
-            sandbox = await self._backend.materialize(spec)
-            step = "verify"
+            step = "verify"  # before the sandbox exists: a mismatch never runs anything
             self._fault(step, agent_id)
             await self._blocking(
                 self._workspaces.verify, agent_id, record.manifest_digest, record.manifest
             )
+            step = "materialize"
+            self._fault(step, agent_id)
+            sandbox = await self._backend.materialize(spec)
             step = "mark_resident"
             self._recovery.mark_resident(agent_id, generation)
         except Exception as exc:

@@ -69,6 +69,9 @@ _ADDED_COLUMNS = (
     ("committed_at", "REAL"),  # wall-clock time of the last committed teardown
 )
 _COLUMNS = _BASE_COLUMNS + ", " + ", ".join(name for name, _ in _ADDED_COLUMNS)
+# What a read selects: whether a manifest is stored, not its text (megabytes for a large
+# tree); the text is read and parsed only when the store has not the manifest at hand.
+_SELECT_COLUMNS = _COLUMNS.replace("manifest_json", "manifest_json IS NOT NULL", 1)
 # What the restart-safe check said at an action's end: `unchecked` when the policy keeps
 # every sandbox resident and never asks.
 BOUNDARIES = ("restartable", "resident_only", "unchecked")
@@ -142,6 +145,7 @@ class RecoveryStore:
     def __init__(self, db_path: Path, *, wall_clock: Callable[[], float] = time.time) -> None:
         self._path = Path(db_path)
         self._wall_clock = wall_clock
+        self._manifests: dict[str, Manifest] = {}  # the last manifest committed or read
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit mode: transactions are explicit, so nothing commits by accident.
@@ -251,6 +255,8 @@ class RecoveryStore:
                     now,
                 ),
             )
+        if manifest is not None:
+            self._manifests[agent_id] = manifest
         logger.info(
             "agent %s: committed teardown of generation %d (digest %s)",
             agent_id,
@@ -395,13 +401,14 @@ class RecoveryStore:
 
     def delete(self, agent_id: str) -> None:
         """Forget the agent (its workflow finished)."""
+        self._manifests.pop(agent_id, None)
         with self._transaction() as db:
             db.execute("DELETE FROM records WHERE agent_id = ?", (agent_id,))
 
     def get(self, agent_id: str) -> RecoveryRecord | None:
         try:
             row = self._db.execute(
-                f"SELECT {_COLUMNS} FROM records WHERE agent_id = ?", (agent_id,)
+                f"SELECT {_SELECT_COLUMNS} FROM records WHERE agent_id = ?", (agent_id,)
             ).fetchone()
         except sqlite3.Error as exc:
             raise RecoveryError(f"{self._path}: cannot read record {agent_id}: {exc}") from exc
@@ -410,10 +417,21 @@ class RecoveryStore:
     def all(self) -> list[RecoveryRecord]:
         """Every record, sorted by agent id."""
         try:
-            rows = self._db.execute(f"SELECT {_COLUMNS} FROM records ORDER BY agent_id").fetchall()
+            rows = self._db.execute(
+                f"SELECT {_SELECT_COLUMNS} FROM records ORDER BY agent_id").fetchall()
         except sqlite3.Error as exc:
             raise RecoveryError(f"{self._path}: cannot read records: {exc}") from exc
         return [self._from_row(row) for row in rows]
+
+    def _manifest_of(self, agent_id: str, digest: str | None) -> Manifest:
+        known = self._manifests.get(agent_id)
+        if known is not None and known.digest == digest:
+            return known
+        row = self._db.execute("SELECT manifest_json FROM records WHERE agent_id = ?",
+                               (agent_id,)).fetchone()
+        manifest = Manifest.from_json(row[0])
+        self._manifests[agent_id] = manifest
+        return manifest
 
     def _require(self, agent_id: str) -> RecoveryRecord:
         record = self.get(agent_id)
@@ -426,7 +444,7 @@ class RecoveryStore:
             agent_id,
             generation,
             digest,
-            manifest_json,
+            has_manifest,
             image,
             backend,
             config_json,
@@ -445,8 +463,8 @@ class RecoveryStore:
         try:
             config = json.loads(config_json)
             meta = json.loads(agent_json) if agent_json else {}
-            manifest = Manifest.from_json(manifest_json) if manifest_json else None
-        except (ValueError, OSError) as exc:
+            manifest = self._manifest_of(agent_id, digest) if has_manifest else None
+        except (ValueError, OSError, sqlite3.Error) as exc:
             raise RecoveryError(f"agent {agent_id}: corrupt recovery record: {exc}") from exc
         if manifest is not None and manifest.digest != digest:
             raise RecoveryError(f"agent {agent_id}: stored manifest does not match its digest")
