@@ -7,9 +7,7 @@ those skips into failures when CI=true.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import stat
 import subprocess
 import time
 import uuid
@@ -17,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tenon.errors import ImageNotFound, SandboxFrozen
+from tenon.errors import ImageNotFound, SandboxError, SandboxFrozen
 from tenon.sandbox.base import SandboxSpec
 from tenon.units import MIB
 
 pytestmark = pytest.mark.docker
 
 IMAGE = "tenon-base:bookworm"
-PREBUILT_TAR = Path("/tmp/rootfs-test.tar")
+STATE_DIR = Path("/var/lib/tenon")
 
 
 @pytest.fixture(scope="session")
@@ -41,25 +39,14 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
-def base_image(docker_client, tmp_path_factory):
-    import docker.errors
+def base_image(docker_client):
+    """The base image's rootfs in Tenon's image store (the backend's lower layer)."""
+    from tenon.sandbox.image import image_rootfs
 
-    with contextlib.suppress(docker.errors.ImageNotFound):
-        docker_client.images.get(IMAGE)
-        return IMAGE
     try:
-        from tenon.sandbox.image import build_image
-    except ImportError:  # image.py not there yet: import the prebuilt rootfs tarball
-        if not PREBUILT_TAR.exists():
-            pytest.skip(f"{IMAGE} missing and no {PREBUILT_TAR}; run: tenon image build")
-        with PREBUILT_TAR.open("rb") as f:
-            docker_client.api.import_image_from_data(f, repository="tenon-base", tag="bookworm")
-        return IMAGE
-    try:
-        build_image(IMAGE, state_dir=tmp_path_factory.mktemp("state"))
-        docker_client.images.get(IMAGE)
-    except Exception as exc:
-        pytest.skip(f"cannot build {IMAGE}: {exc}")
+        image_rootfs(IMAGE, STATE_DIR)
+    except ImageNotFound as exc:
+        pytest.skip(str(exc))
     return IMAGE
 
 
@@ -109,13 +96,11 @@ async def test_absent_daemon_is_backend_unavailable_with_fix(tmp_path):
     from tenon.host.domain import WorkloadDomain
     from tenon.host.layout import detect_layout
     from tenon.sandbox.docker import DockerBackend
-    from tenon.sandbox.uids import UidAllocator
 
     # TCP, not a missing unix socket: docker's unix adapter leaks the socket of a failed connect.
     client = docker.DockerClient(base_url="tcp://127.0.0.1:9", version="1.41", timeout=2)
     domain = WorkloadDomain("tenon-test-unused", detect_layout(), None)  # never created
-    # Its own uid pool: a uid whose container Docker cannot rule out stays held.
-    backend = DockerBackend(domain, client=client, uids=UidAllocator(lock_dir=tmp_path / "uids"))
+    backend = DockerBackend(domain, client=client)
     (problem,) = backend.check()
     assert "setup.sh" in problem
     with pytest.raises(BackendUnavailable, match="start dockerd"):
@@ -222,68 +207,132 @@ async def test_workspace_writes_are_visible_on_host(env):
     assert (workspace / "workspace" / "note.txt").exists()
 
 
-async def test_runs_as_its_own_uid_which_owns_the_root_and_is_freed_at_destroy(env):
-    from tenon.sandbox.uids import UidAllocator
+def remapped_root_uid() -> int:
+    """R: the first id of dockremap's subordinate range (container root on the host)."""
+    for line in Path("/etc/subuid").read_text().splitlines():
+        name, first, _count = line.split(":")
+        if name == "dockremap":
+            return int(first)
+    raise AssertionError("no dockremap range in /etc/subuid; run: bash scripts/setup.sh")
 
+
+def host_uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
+async def test_root_and_user_inside_are_remapped_host_uids(env):
     backend, workspace = env
     (workspace / "workspace").mkdir()
-    (workspace / "workspace" / "old").write_text("root's\n")  # owned by root until adopted
+    (workspace / "workspace" / "old").write_text("root's\n")  # owned by host root until adopted
+    base = remapped_root_uid()
     sandbox = await backend.materialize(make_spec(workspace))
-    uid = sandbox.host_uid
-    assert uid in UidAllocator()
-    assert uid in backend.uids.held()
-    result = await sandbox.exec("sleep 30 & id -u; id -g; cat old; echo new >> old", timeout_s=10)
-    assert result.output == f"{uid}\n{uid}\nroot's\n"
-    (leftover,) = sandbox.processes()
-    assert os.stat(f"/proc/{leftover.host_pid}").st_uid == uid
-    assert os.stat(f"/proc/{sandbox.init_pid}").st_uid == uid  # docker-init too
-    for path in (workspace, *(workspace / sub for sub in ("workspace", "home", "tmp"))):
-        st = path.stat()
-        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (uid, uid, 0o700), path
+    as_user = await sandbox.exec("sleep 30 & id -u; cat old; echo new >> old", timeout_s=10)
+    assert as_user.output == "1000\nroot's\n"
+    as_root = await sandbox.exec("sleep 31 & id -u; grep CapEff /proc/self/status",
+                                 timeout_s=10, user="root")
+    assert as_root.output.splitlines()[0] == "0"
+    assert as_root.output.split()[-1] != "0000000000000000"  # Docker's default caps
+    by_command = {p.command.split()[-1]: p.host_pid for p in sandbox.processes()}
+    assert host_uid_of(by_command["30"]) == base + 1000
+    assert host_uid_of(by_command["31"]) == base  # root inside is R, not 0
+    assert base != 0
+    assert sandbox.host_uid == base + 1000
+    caps = await sandbox.exec("grep CapEff /proc/self/status", timeout_s=10)
+    assert caps.output.split()[-1] == "0000000000000000"  # the user holds none
+    st = workspace.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (base, 0o700)
+    assert (workspace / "workspace" / "old").stat().st_uid == base + 1000
     await sandbox.destroy()
-    assert uid not in backend.uids.held()
-    # Between sandboxes the root is root's, so the uid's next holder has no way in.
+    # Between sandboxes only host root may enter the root.
     st = workspace.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o700)
-    assert (workspace / "workspace" / "old").stat().st_uid == uid
     rebuilt = await backend.materialize(make_spec(workspace))
-    assert rebuilt.host_uid == uid  # its previous uid was free: only the root is chowned
-    assert workspace.stat().st_uid == uid
     assert (await rebuilt.exec("cat old", timeout_s=10)).output == "root's\nnew\n"
     await rebuilt.destroy()
 
 
-async def test_root_is_read_only_and_persistent_dirs_are_not_leftovers(env):
+async def test_default_user_cannot_write_the_root_and_dev_is_read_only(env):
     backend, workspace = env
     sandbox = await backend.materialize(make_spec(workspace, disposable=("/scratch",)))
     kept = await sandbox.exec(
         "echo a > /workspace/a; mkdir /tmp/d; echo b > /tmp/d/b; echo c > ~/.c; "
         "echo s > /scratch/s", timeout_s=10)
     assert kept.exit_code == 0, kept.output
-    assert sandbox.leftover_state() == []
-    for path in ("/etc/tenon-marker", "/usr/sbin/tenon-next", "/var/tmp/x", "/tenon-top"):
+    for path in ("/etc/tenon-marker", "/usr/sbin/tenon-next", "/tenon-top", "/etc/hosts"):
         refused = await sandbox.exec(f"echo x > {path}", timeout_s=10)
-        assert refused.exit_code != 0, path
-        assert "Read-only file system" in refused.output, refused.output
-    removed = await sandbox.exec("rm -f /etc/issue", timeout_s=10)
-    assert "Read-only file system" in removed.output
+        assert "Permission denied" in refused.output, (path, refused.output)
+    for user in ("user", "root"):
+        dev = await sandbox.exec("touch /dev/x", timeout_s=10, user=user)
+        assert "Read-only file system" in dev.output, dev.output
+    with pytest.raises(SandboxError, match="unknown user 'admin'"):
+        await sandbox.exec("true", timeout_s=10, user="admin")
     assert sandbox.leftover_state() == []
     await sandbox.destroy()
 
 
-async def test_writable_layer_walk_still_reports_writes(env):
-    """The root is read-only, so only the host can put a file in the writable layer; the
-    walk (kept as a check) must still report it and a whiteout, beside the mount points."""
+def build_deb(directory: Path) -> Path:
+    """A tiny Debian package installing /usr/bin/tenon-hello, built with dpkg-deb."""
+    pkg = directory / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: tenon-hello\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: Tenon <t@example.com>\nDescription: test package\n")
+    (pkg / "usr" / "bin").mkdir(parents=True)
+    script = pkg / "usr" / "bin" / "tenon-hello"
+    script.write_text("#!/bin/sh\necho hello from deb\n")
+    script.chmod(0o755)
+    deb = directory / "tenon-hello.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(deb)],
+                   check=True, capture_output=True)
+    return deb
+
+
+def build_python_package(directory: Path) -> Path:
+    """A local pip-installable project (setup.py only, no network needed)."""
+    project = directory / "tenonpkg"
+    (project / "tenonpkg").mkdir(parents=True)
+    (project / "tenonpkg" / "__init__.py").write_text("VALUE = 42\n")
+    (project / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='tenonpkg', version='1.0', "
+        "packages=['tenonpkg'])\n")
+    return project
+
+
+async def test_root_changes_to_the_root_survive_destroy_and_materialize(env):
+    """apt-get install of a local .deb, pip install into the system site-packages, an /etc
+    edit and a /testbed repository, all as root, are there after a rebuild."""
     backend, workspace = env
     sandbox = await backend.materialize(make_spec(workspace))
-    assert sandbox.upper_dir is not None
-    (sandbox.upper_dir / "etc").mkdir()
-    (sandbox.upper_dir / "etc" / "tenon-marker").write_text("x")
-    (sandbox.upper_dir / "usr" / "sbin" / "tenon-next").write_text("y")  # beside docker-init
-    os.mknod(sandbox.upper_dir / "etc" / "issue", 0o600 | stat.S_IFCHR, 0)  # a whiteout
-    assert sandbox.leftover_state() == ["/etc", "/etc/issue", "/etc/tenon-marker",
-                                        "/usr/sbin/tenon-next"]
+    staging = workspace / "workspace"
+    build_deb(staging)
+    build_python_package(staging)
+    for sub in staging.rglob("*"):
+        os.lchown(sub, sandbox.host_uid, sandbox.host_uid)
+    steps = [
+        "apt-get install -y -q /workspace/tenon-hello.deb >/dev/null 2>&1 && echo deb-ok",
+        "pip install -q --no-build-isolation --no-index --break-system-packages "
+        "--root-user-action=ignore /workspace/tenonpkg >/dev/null 2>&1 && echo pip-ok",
+        "echo '10.9.8.7 tenon-probe' >> /etc/hosts && rm /etc/motd && echo etc-ok",
+        "mkdir /testbed && echo code > /testbed/main.py && echo testbed-ok",
+    ]
+    for step in steps:
+        done = await sandbox.exec(step, timeout_s=120, user="root")
+        assert done.exit_code == 0, (step, done.output)
     await sandbox.destroy()
+    rebuilt = await backend.materialize(make_spec(workspace))
+    check = await rebuilt.exec(
+        "tenon-hello; python3 -c 'import tenonpkg; print(tenonpkg.VALUE)'; "
+        "grep tenon-probe /etc/hosts; test -e /etc/motd || echo motd-gone; cat /testbed/main.py; "
+        "dpkg -s tenon-hello | grep Status", timeout_s=30)
+    assert check.output.splitlines() == [
+        "hello from deb", "42", "10.9.8.7 tenon-probe", "motd-gone", "code",
+        "Status: install ok installed"], check.output
+    assert rebuilt.leftover_state() == []
+    await rebuilt.destroy()
+    assert not rebuilt.root_dir.exists()  # the overlay is unmounted and its dir gone
 
 
 LEFTOVER_ACTIONS = {
