@@ -15,17 +15,16 @@ an ICMP "administratively prohibited".
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import shutil
 import socket
+import subprocess
 from collections.abc import Iterable
 
 from tenon.errors import BackendUnavailable, SandboxError
 from tenon.sandbox.netpolicy import NetworkPolicy, NetworkRuleError, ResolvedRules, resolve_rules
 
 TABLE = "tenon"
-RESOLVE_TIMEOUT_S = 10.0
 APPLY_TIMEOUT_S = 10.0
 _ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
@@ -61,45 +60,40 @@ def render(rules: ResolvedRules) -> str:
             f"table inet {TABLE} {{\n    chain output {{\n{body}\n    }}\n}}\n")
 
 
-async def resolve(policy: NetworkPolicy, dns_server: str | None) -> ResolvedRules:
+def resolve(policy: NetworkPolicy, dns_server: str | None) -> ResolvedRules:
     """Resolve the policy's hostnames (IPv4, with the host's resolver) into its rules."""
-    loop = asyncio.get_running_loop()
     addresses: dict[str, list[str]] = {}
     for name in policy.hostnames:
         try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM),
-                RESOLVE_TIMEOUT_S)
-        except (OSError, TimeoutError) as exc:
+            infos = socket.getaddrinfo(name, None, family=socket.AF_INET,
+                                       type=socket.SOCK_STREAM)
+        except OSError as exc:
             raise NetworkRuleError(f"allow_out hostname {name!r} could not be resolved: "
-                                   f"{exc or 'timed out'}") from None
+                                   f"{exc}") from None
         addresses[name] = sorted({str(info[4][0]) for info in infos})
     return resolve_rules(policy, addresses, dns_server)
 
 
-async def apply(nsenter: str, pid: int, rules: ResolvedRules) -> None:
+def apply(nsenter: str, pid: int, rules: ResolvedRules) -> None:
     """Load `rules` into the network namespace of `pid`; SandboxError with nft's message."""
-    proc = await asyncio.create_subprocess_exec(
-        nsenter, "-t", str(pid), "-n", "--", nft_path(), "-f", "-",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env=_ENV)
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(render(rules).encode()),
-                                        APPLY_TIMEOUT_S)
-    except BaseException:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        raise
-    if proc.returncode != 0:
-        message = " ".join(out.decode(errors="replace").split())[:500]
+        done = subprocess.run([nsenter, "-t", str(pid), "-n", "--", nft_path(), "-f", "-"],
+                              input=render(rules).encode(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, env=_ENV, timeout=APPLY_TIMEOUT_S,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"loading the network rules into pid {pid}'s network namespace "
+                           f"took over {APPLY_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        message = " ".join(done.stdout.decode(errors="replace").split())[:500]
         raise SandboxError(f"could not load the network rules into pid {pid}'s network "
-                           f"namespace (nft exit code {proc.returncode}): {message}")
+                           f"namespace (nft exit code {done.returncode}): {message}")
 
 
-async def enforce(nsenter: str, pid: int, policy: NetworkPolicy,
-                  dns_server: str | None) -> ResolvedRules:
-    """Resolve and load `policy` for the network namespace of `pid`; the rules loaded."""
-    rules = await resolve(policy, dns_server)
-    await apply(nsenter, pid, rules)
+def enforce(nsenter: str, pid: int, policy: NetworkPolicy,
+            dns_server: str | None) -> ResolvedRules:
+    """Resolve and load `policy` for the network namespace of `pid` (blocking: from async
+    code, run it in a thread); the rules loaded."""
+    rules = resolve(policy, dns_server)
+    apply(nsenter, pid, rules)
     return rules
