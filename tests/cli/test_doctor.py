@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from tenon.cli.doctor import run_checks
 from tenon.cli.main import DEFAULT_IMAGE, DEFAULT_STATE_DIR, EXIT_CHECK_FAILED, app
 from tenon.errors import ImageNotFound
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 
 WIDE = {"COLUMNS": "200"}  # one table row per check, so names are not wrapped
 

@@ -32,7 +32,7 @@ import pytest
 
 from tenon.replay.differential import differential, open_manager
 from tenon.replay.differential_corpus import corpus
-from tenon.sandbox.image import build_image
+from tenon.sandbox.images import build_builtin
 
 IMAGE = "tenon-base:bookworm"
 STATE_DIR = Path("/var/lib/tenon")
@@ -53,7 +53,7 @@ def require_backend(backend: str) -> None:
         for tool in ("bwrap", "nsenter", "setpriv", "unshare"):
             if shutil.which(tool) is None:
                 pytest.skip(f"{tool} is missing (apt-get install bubblewrap util-linux)")
-    build_image(IMAGE, state_dir=STATE_DIR, docker=backend == "docker")
+    build_builtin(IMAGE, docker=backend == "docker")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -12,7 +12,7 @@ import pytest
 
 from tenon.host.domain import WorkloadDomain
 from tenon.sandbox.base import SandboxSpec
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessBackend, ProcessSandbox
 from tenon.units import MIB
 

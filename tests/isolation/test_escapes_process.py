@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import SandboxDied, SandboxError
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessSandbox
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups]

@@ -41,7 +41,7 @@ def docker_client():
 @pytest.fixture(scope="session")
 def base_image(docker_client):
     """The base image's rootfs in Tenon's image store (the backend's lower layer)."""
-    from tenon.sandbox.image import image_rootfs
+    from tenon.sandbox.images import image_rootfs
 
     try:
         image_rootfs(IMAGE, STATE_DIR)

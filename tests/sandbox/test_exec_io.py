@@ -16,7 +16,7 @@ import pytest
 from tenon.errors import ImageNotFound, SandboxError
 from tenon.host.domain import WorkloadDomain
 from tenon.sandbox.base import ExecControl, ExecIO, ExecResult, Sandbox, SandboxSpec
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessBackend
 from tenon.units import MIB
 

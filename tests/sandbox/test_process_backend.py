@@ -12,7 +12,7 @@ import pytest
 from tenon.errors import ImageNotFound, SandboxDied, SandboxError, SandboxFrozen
 from tenon.host.domain import WorkloadDomain
 from tenon.sandbox.base import Sandbox, SandboxSpec
-from tenon.sandbox.image import build_image, image_rootfs
+from tenon.sandbox.images import build_builtin, image_rootfs
 from tenon.sandbox.process import ProcessBackend
 from tenon.units import MIB
 
@@ -43,7 +43,7 @@ def base_image() -> Path:
     except ImageNotFound:
         if shutil.which("mmdebstrap") is None:
             pytest.skip("base image missing and mmdebstrap not installed")
-        build_image(IMAGE, state_dir=STATE_DIR)
+        build_builtin(IMAGE)
         return image_rootfs(IMAGE, STATE_DIR)
 
 
@@ -313,7 +313,8 @@ async def test_dead_init_raises_sandbox_died(sandbox):
         await run(sandbox, "true")
 
 
-async def test_missing_image_is_a_clear_error(domain, tmp_path):
+async def test_missing_image_is_a_clear_error(domain, tmp_path, monkeypatch):
+    monkeypatch.setenv("TENON_IMAGE_DIR", str(tmp_path / "images"))  # an empty store
     backend = ProcessBackend(domain, state_dir=tmp_path / "state")
     assert any("tenon image build" in p for p in backend.check())
     with pytest.raises(ImageNotFound, match="run: tenon image build"):

@@ -194,7 +194,7 @@ SANDBOX_STATE_DIR = Path("/var/lib/tenon")
 def backend(state_dir):
     from tenon.errors import ImageNotFound
     from tenon.host.domain import WorkloadDomain
-    from tenon.sandbox.image import image_rootfs
+    from tenon.sandbox.images import image_rootfs
     from tenon.sandbox.process import ProcessBackend
 
     for tool in ("bwrap", "nsenter", "setpriv", "unshare"):

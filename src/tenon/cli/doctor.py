@@ -108,7 +108,7 @@ def _docker_checks(image: str) -> list[Check]:
 
 def run_checks(state_dir: Path, image: str) -> list[Check]:
     """Every check, in the order printed."""
-    from tenon.sandbox.image import image_rootfs
+    from tenon.sandbox.images import image_rootfs
 
     checks = _cgroup_checks()
     checks.append(_psi_check())

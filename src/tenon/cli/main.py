@@ -21,6 +21,7 @@ from tenon.cli.agents import agents_app
 from tenon.cli.bench import actuators_cmd, faults_cmd
 from tenon.cli.cluster import cluster_app
 from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
+from tenon.cli.images import image_app
 from tenon.cli.predict import predict_app
 from tenon.cli.serve import serve_cmd
 from tenon.errors import ConfigError, TenonError
@@ -28,7 +29,6 @@ from tenon.sandbox.base import SandboxBackend
 from tenon.units import MIB, format_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-image_app = typer.Typer(no_args_is_help=True, help="Build and inspect the base image.")
 bench_app = typer.Typer(help="The replay bench (with --trace) and micro-benchmarks.")
 app.add_typer(image_app, name="image")
 app.add_typer(bench_app, name="bench")
@@ -94,23 +94,6 @@ def doctor(state_dir: StateDir = DEFAULT_STATE_DIR, image: Image = DEFAULT_IMAGE
         console.print(f"[yellow]{len(failed)} of {len(checks)} checks failed "
                       f"({', '.join(failed)}); see the fix column[/yellow]")
         raise typer.Exit(EXIT_CHECK_FAILED)
-
-
-@image_app.command("build")
-def image_build(
-    state_dir: StateDir = DEFAULT_STATE_DIR,
-    image: Image = DEFAULT_IMAGE,
-    force: Annotated[bool, typer.Option(help="Rebuild even if present.")] = False,
-) -> None:
-    """Build the base image locally (mmdebstrap; nothing is pulled)."""
-    from tenon.sandbox.image import build_image
-
-    try:
-        require_writable_dir(state_dir, what="--state-dir")
-        info = build_image(image, state_dir=state_dir, force=force)
-    except TenonError as exc:
-        _fail(exc)
-    console.print(f"base image {image}: {info}")
 
 
 @bench_app.callback(invoke_without_command=True)

@@ -15,6 +15,16 @@ from tenon.sandbox.netpolicy import NetworkPolicy
 PERSISTENT_MOUNTS: dict[str, str] = {"workspace": "/workspace", "home": "/home/user",
                                      "tmp": "/tmp"}
 HOME_DIR = PERSISTENT_MOUNTS["home"]
+# A writable root (the process backend's overlay): what an agent writes outside the
+# directories above lands in `OVERLAY_UPPER_DIR` of its persistent root (overlay whiteouts
+# and opaque directories included), captured like them; `OVERLAY_WORK_DIR` beside it is
+# the overlay's scratch space, never captured.
+OVERLAY_UPPER_DIR = "upper"
+OVERLAY_WORK_DIR = "work"
+# Every subdirectory of a persistent root that holds the agent's state (what capture
+# records), and those that must not be captured.
+PERSISTENT_SUBDIRS: tuple[str, ...] = (*PERSISTENT_MOUNTS, OVERLAY_UPPER_DIR)
+UNCAPTURED_SUBDIRS: frozenset[str] = frozenset({OVERLAY_WORK_DIR})
 # The runtime's fixed state directory; backends unpack base images there by default.
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")
 
@@ -84,8 +94,8 @@ class ExecIO:
     With an `ExecIO`, `Sandbox.exec` keeps stdout and stderr apart and hands each chunk to
     its callback as it arrives (the `ExecResult` still carries both, interleaved and
     bounded), opens a stdin pipe when `stdin` is set, runs in `cwd` (default /workspace)
-    with `env` added to the sandbox's, and calls `on_start` once the command runs, with the
-    control to write its stdin and signal it.
+    as `user` with `env` added to the sandbox's, and calls `on_start` once the command
+    runs, with the control to write its stdin and signal it.
     """
 
     on_stdout: Callable[[bytes], None] | None = None
@@ -94,6 +104,10 @@ class ExecIO:
     cwd: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     on_start: Callable[[ExecControl], None] | None = None
+    user: str | None = None
+    """Who the command runs as: a user of the sandbox's /etc/passwd ("root": uid 0 with
+    Docker's default capabilities, inside the sandbox only); None: the unprivileged default
+    user (uid 1000, HOME /home/user)."""
     on_outcome: Callable[[str, int], None] | None = None
     """Called by the runtime (never a backend) once an action's outcome and exit code are
     known, before its boundary's bookkeeping (the restart-safe check, the records): a

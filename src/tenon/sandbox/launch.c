@@ -2,16 +2,18 @@
  * tenon-launch: start a process-backend sandbox, or run a command inside one.
  *
  *   tenon-launch start --id-base N --rootfs DIR --persist DIR --stage DIR --info-fd FD
- *                      --shm-bytes N --tmp-bytes N [--resolv FILE] [--disposable PATH]...
+ *                      --shm-bytes N --tmp-bytes N [--ro-bind HOST_PATH PATH]...
+ *                      [--disposable PATH]...
  *   tenon-launch enter --pid N --uid N --gid N [--groups G,G...] [--root] --cwd DIR -- ARGV...
  *
- * start (run as host root): clones into new user, pid, mount, uts, ipc, cgroup and net
- * namespaces. The user namespace maps 0..65535 to N..N+65535 and is owned by host uid N
+ * start (run as host root): makes a net namespace (owned by the host's user namespace,
+ * loopback up), then clones into new user, pid, mount, uts, ipc and cgroup namespaces. The user namespace maps 0..65535 to N..N+65535 and is owned by host uid N
  * (so a helper running as N, slirp4netns, may join it). The parent attaches the image
  * rootfs (read-only) and the persistent root as idmapped mounts of that namespace (files
  * stay in canonical ids on disk) and hands them to the child, which builds the root: an
  * overlay (image lower, persist/upper upper, persist/work work), the persistent
- * directories bound on top, a minimal /dev, /proc (its sys read-only), disposable tmpfs;
+ * directories bound on top, a minimal /dev, /proc (its sys read-only), the read-only
+ * binds asked for, disposable tmpfs;
  * every mount point is resolved beneath the new root without following symlinks and
  * mounted by fd. Then pivot_root, the old root detached, and the child becomes pid 1: a
  * reaper without capabilities under the seccomp filter. It prints "tenon-ready". The
@@ -51,13 +53,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <grp.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 
 #include "tenon_seccomp_bpf.h" /* static const unsigned char tenon_bpf[] */
 
-#define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | \
-                  CLONE_NEWCGROUP | CLONE_NEWNET)
+/* The net namespace is the parent's, made by host root before the clone: owned by the
+ * host's user namespace, nothing inside the sandbox can change its rules. */
+#define CLONE_FLAGS (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | \
+                     CLONE_NEWCGROUP)
+#define NS_FLAGS (CLONE_FLAGS | CLONE_NEWNET)
 #define ID_COUNT 65536
 #define MAX_DISPOSABLE 32
+#define MAX_BINDS 8
 #define MAX_GROUPS 64
 
 static const char *mode = "launch";
@@ -185,7 +193,9 @@ static void mount_fd(const char *fstype, int target, unsigned long flags, const 
 
 struct start_args {
     unsigned long id_base;
-    const char *rootfs, *persist, *stage, *resolv;
+    const char *rootfs, *persist, *stage;
+    const char *binds[MAX_BINDS][2]; /* host path, sandbox path: read-only */
+    int num_binds;
     int info_fd;
     unsigned long long shm_bytes, tmp_bytes;
     const char *disposable[MAX_DISPOSABLE];
@@ -221,6 +231,26 @@ static void make_dev(int rootfd, unsigned long long shm_bytes) {
     close(dev);
 }
 
+/* Bind host path `src` (file or directory) read-only at `dst` (absolute) in the new root. */
+static void bind_ro(int rootfd, const char *src, const char *dst) {
+    struct stat st;
+    if (stat(src, &st) != 0) die(1, "%s", src);
+    int target;
+    if (S_ISDIR(st.st_mode)) {
+        target = dir_beneath(rootfd, dst + 1);
+    } else {
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", dst + 1);
+        char *slash = strrchr(parent, '/');
+        const char *name = slash ? slash + 1 : parent;
+        if (slash) *slash = 0;
+        int dir = slash ? dir_beneath(rootfd, parent) : dup(rootfd);
+        target = file_beneath(dir, name);
+        close(dir);
+    }
+    bind_fd(AT_FDCWD, src, target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+}
+
 static void build_root(const struct start_args *a, int image_fd, int persist_fd) {
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die(1, "making / private");
     if (mount("tmpfs", a->stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=700") != 0)
@@ -251,12 +281,8 @@ static void build_root(const struct start_args *a, int image_fd, int persist_fd)
     bind_fd(proc, "sys", openat2_beneath(proc, "sys", O_PATH | O_DIRECTORY),
             MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     close(proc);
-    if (a->resolv) {
-        int etc = dir_beneath(rootfd, "etc");
-        bind_fd(AT_FDCWD, a->resolv, file_beneath(etc, "resolv.conf"),
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-        close(etc);
-    }
+    for (int i = 0; i < a->num_binds; i++)
+        bind_ro(rootfd, a->binds[i][0], a->binds[i][1]);
     char opts[64];
     snprintf(opts, sizeof opts, "size=%llu,mode=1777", a->tmp_bytes);
     for (int i = 0; i < a->num_disposable; i++)
@@ -334,11 +360,18 @@ static void write_file(const char *path, const char *text) {
 
 static int start(const struct start_args *a) {
     pid_t controller = getppid();
+    if (unshare(CLONE_NEWNET) != 0) die(1, "new network namespace");
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq lo = {.ifr_name = "lo"};
+    if (sock < 0 || ioctl(sock, SIOCGIFFLAGS, &lo) != 0) die(1, "reading lo");
+    lo.ifr_flags |= IFF_UP;
+    if (ioctl(sock, SIOCSIFFLAGS, &lo) != 0) die(1, "bringing lo up");
+    close(sock);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) die(1, "socketpair");
     /* The user namespace's owner is the euid at clone: the range's first host uid. */
     if (setresuid(-1, (uid_t)a->id_base, -1) != 0) die(1, "seteuid %lu", a->id_base);
-    pid_t pid = (pid_t)syscall(SYS_clone, NS_FLAGS | SIGCHLD, 0, 0, 0, 0);
+    pid_t pid = (pid_t)syscall(SYS_clone, CLONE_FLAGS | SIGCHLD, 0, 0, 0, 0);
     if (pid < 0) die(1, "clone");
     if (pid == 0) {
         close(sv[0]);
@@ -393,7 +426,10 @@ struct enter_args {
 static int enter(const struct enter_args *a) {
     int pidfd = (int)syscall(SYS_pidfd_open, a->pid, 0);
     if (pidfd < 0) die(125, "the sandbox (pid %d) is gone", a->pid);
-    if (setns(pidfd, NS_FLAGS) != 0) die(125, "joining the namespaces of pid %d", a->pid);
+    /* The user namespace last: with its credentials, root could not join the network
+     * namespace the host's user namespace owns. */
+    if (setns(pidfd, NS_FLAGS & ~CLONE_NEWUSER) != 0 || setns(pidfd, CLONE_NEWUSER) != 0)
+        die(125, "joining the namespaces of pid %d", a->pid);
     close(pidfd);
     pid_t child = fork();
     if (child < 0) die(126, "fork");
@@ -449,11 +485,14 @@ int main(int argc, char **argv) {
         struct start_args a = {.info_fd = -1};
         for (int i = 2; i + 1 < argc; i += 2) {
             const char *f = argv[i], *v = argv[i + 1];
-            if (!strcmp(f, "--id-base")) a.id_base = number(f, v);
+            if (!strcmp(f, "--ro-bind") && i + 2 < argc && a.num_binds < MAX_BINDS &&
+                argv[i + 2][0] == '/') {
+                a.binds[a.num_binds][0] = v;
+                a.binds[a.num_binds++][1] = argv[++i + 1];
+            } else if (!strcmp(f, "--id-base")) a.id_base = number(f, v);
             else if (!strcmp(f, "--rootfs")) a.rootfs = v;
             else if (!strcmp(f, "--persist")) a.persist = v;
             else if (!strcmp(f, "--stage")) a.stage = v;
-            else if (!strcmp(f, "--resolv")) a.resolv = v;
             else if (!strcmp(f, "--info-fd")) a.info_fd = (int)number(f, v);
             else if (!strcmp(f, "--shm-bytes")) a.shm_bytes = number(f, v);
             else if (!strcmp(f, "--tmp-bytes")) a.tmp_bytes = number(f, v);

@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 FIRST_UID = 1_700_000_000
 NUM_UIDS = 65536
 LOCK_DIR = Path("/run/tenon/uids")
+# Id ranges (`IdRangeAllocator`): 65536 ids each, the first one right after the uids above.
+RANGE_IDS = 65536
+FIRST_RANGE_BASE = FIRST_UID + NUM_UIDS
+NUM_RANGES = 4096
+RANGE_LOCK_DIR = Path("/run/tenon/idranges")
 _ID_FILES = {"/etc/passwd": 2, "/etc/group": 2}  # path -> field holding the id
 _SUBORDINATE_FILES = ("/etc/subuid", "/etc/subgid")
 
@@ -49,18 +54,24 @@ class UidAllocator:
         self._held: dict[int, int] = {}  # uid -> fd of its locked file
         self._next = 0  # next-fit: a just-released uid is the last one handed out again
         self._lock = threading.Lock()
+        self._stride = 1  # ids handed out are first, first + stride, ...
 
     def __contains__(self, uid: int) -> bool:
-        return self.first <= uid < self.first + self.num_uids
+        offset = uid - self.first
+        return 0 <= offset < self.num_uids * self._stride and offset % self._stride == 0
+
+    def _covers(self, uid: int) -> bool:
+        return self.first <= uid < self.first + self.num_uids * self._stride
 
     def check(self) -> list[str]:
         """Clashes of the range with users, groups and subordinate ranges (empty if none)."""
-        last = self.first + self.num_uids - 1
+        last = self.first + self.num_uids * self._stride - 1
         problems = []
         for name, field in _ID_FILES.items():
             for line in self._lines(name):
                 parts = line.split(":")
-                if len(parts) > field and parts[field].isdigit() and int(parts[field]) in self:
+                if (len(parts) > field and parts[field].isdigit()
+                        and self._covers(int(parts[field]))):
                     problems.append(f"{name} entry {parts[0]!r} uses id {parts[field]}, inside "
                                     f"the sandbox uid range {self.first}-{last}")
         for name in _SUBORDINATE_FILES:
@@ -88,9 +99,9 @@ class UidAllocator:
             if preferred is not None and preferred in self and self._try(preferred):
                 return preferred
             for step in range(self.num_uids):
-                uid = self.first + (self._next + step) % self.num_uids
+                uid = self.first + (self._next + step) % self.num_uids * self._stride
                 if self._try(uid):
-                    self._next = (uid - self.first + 1) % self.num_uids
+                    self._next = ((uid - self.first) // self._stride + 1) % self.num_uids
                     return uid
         raise SandboxError(f"all {self.num_uids} sandbox uids from {self.first} are in use")
 
@@ -126,6 +137,33 @@ class UidAllocator:
     def held(self) -> list[int]:
         with self._lock:
             return sorted(self._held)
+
+
+class IdRangeAllocator(UidAllocator):
+    """Hands out ranges of `RANGE_IDS` host ids (uid and gid alike), one per live sandbox
+    of the process backend, which maps its user namespace's 0..65535 onto the range; each
+    is named by its first id. The ranges start right after `UidAllocator`'s uids, so the
+    two never overlap; the locks live in a directory of their own."""
+
+    def __init__(self, first: int = FIRST_RANGE_BASE, num_ranges: int = NUM_RANGES,
+                 lock_dir: Path = RANGE_LOCK_DIR, etc: Path = Path("/")) -> None:
+        if first < 65536 or num_ranges < 1 or first + num_ranges * RANGE_IDS > 2**32 - 1:
+            raise ValueError(f"id ranges {first}+{num_ranges}x{RANGE_IDS} must lie in "
+                             f"65536..2^32-2")
+        super().__init__(first, 1, lock_dir, etc)
+        self.num_uids = num_ranges
+        self._stride = RANGE_IDS
+
+
+_shared_ranges: list[IdRangeAllocator] = []
+
+
+def shared_range_allocator() -> IdRangeAllocator:
+    """The process-wide id range allocator the process backend uses unless given its own."""
+    with _shared_lock:
+        if not _shared_ranges:
+            _shared_ranges.append(IdRangeAllocator())
+        return _shared_ranges[0]
 
 
 _shared: list[UidAllocator] = []

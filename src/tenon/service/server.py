@@ -16,7 +16,7 @@ import secrets
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from tenon.predict.online import OnlinePredictor
 from tenon.predict.static import StaticPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.open import open_runtime
+from tenon.sandbox.images import image_store
 from tenon.service.api import load_route
 from tenon.service.app import TenonApp
 from tenon.service.listen import listening
@@ -57,7 +58,8 @@ class ServeSettings(BaseModel):
     budget_bytes: int = Field(gt=0)
     backend: str = "process"
     state_dir: Path
-    image_dir: Path | None = None  # where base images are built (default: the state dir)
+    image_dir: Path | None = None  # the image store (default: $TENON_IMAGE_DIR, else
+    # /var/lib/tenon/images; a state directory holding images/ is read as that)
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     api_keys: tuple[str, ...] = ()
@@ -113,6 +115,7 @@ async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> Non
         async with serving(runtime, settings.state_dir, api_keys=settings.api_keys,
                            host=settings.host, port=settings.port, image=settings.image,
                            image_root=runtime.backend.image_root,
+                           images=image_store(images).names,
                            max_write_bytes=settings.max_write_bytes,
                            node_name=settings.node_name) as url:
             for line in announce:
@@ -126,12 +129,15 @@ async def serve(settings: ServeSettings, *, announce: Sequence[str] = ()) -> Non
 async def serving(runtime: Runtime, state_dir: Path, *, api_keys: Sequence[str],
                   host: str = "127.0.0.1", port: int = 0, image: str = DEFAULT_IMAGE,
                   image_root: Any = None, max_write_bytes: int = 100 * 1024 * 1024,
-                  node_name: str | None = None) -> AsyncIterator[str]:
+                  node_name: str | None = None,
+                  images: Callable[[], list[str]] | None = None) -> AsyncIterator[str]:
     """Serve `runtime` over E2B's API on this event loop while the block runs; yields the
     base URL. The sessions' store is in `state_dir`; `node_name` (default: the host's) names
-    the load it publishes. The bench uses it to drive a runtime
+    the load it publishes; `images()` lists the image names a template id may give besides
+    `base` (`image`).  The bench uses it to drive a runtime
     through the front door in the same process."""
     sessions = SessionManager(runtime, state_dir, templates={DEFAULT_TEMPLATE: image},
+                              images=images,
                               image_root=image_root, max_write_bytes=max_write_bytes)
     await sessions.start()
     live = LiveView(runtime)

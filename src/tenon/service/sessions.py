@@ -86,14 +86,18 @@ class SessionManager:
     """Every E2B sandbox of one runtime."""
 
     def __init__(self, runtime: Runtime, state_dir: Path, *, templates: Mapping[str, str],
+                 images: Callable[[], list[str]] | None = None,
                  image_root: Callable[[str], Path | None] | None = None,
                  max_write_bytes: int = 100 * 1024 * 1024,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        """`templates` maps each E2B template name a client may ask for to the runtime's
-        base image; `image_root(image)` is the host directory of an image's root filesystem
-        (the process backend's), for reading paths outside the persistent directories."""
+        """`templates` maps E2B template names (aliases, e.g. `base`) to images; any other
+        template id a client asks for is an image name, offered when `images()` (the
+        image store's names) lists it; `image_root(image)` is the host directory of an
+        image's root filesystem (the process backend's), for reading paths outside the
+        persistent directories."""
         self.runtime = runtime
         self.templates = dict(templates)
+        self._images = images
         self._image_root = image_root
         self._max_write_bytes = max_write_bytes
         self.wall_clock = wall_clock
@@ -138,10 +142,27 @@ class SessionManager:
         meta = record.metadata
         peak = meta.get(PROFILE_PEAK_KEY)
         return await self.runtime.create_agent(
-            image=self.templates[record.template], agent_id=record.sandbox_id,
+            image=self.image_of(record.template), agent_id=record.sandbox_id,
             family=meta.get(FAMILY_KEY), task=meta.get(TASK_KEY),
             workflow=meta.get(WORKFLOW_KEY), task_prompt=meta.get(PROMPT_KEY),
             profile_peak_bytes=int(peak) if peak and peak.isdigit() else None)
+
+    def image_of(self, template: str) -> str:
+        """The image an E2B template id or alias names."""
+        return self.templates.get(template, template)
+
+    def offered(self) -> list[str]:
+        """Every template id a client may ask for: the aliases and the images."""
+        return sorted({*self.templates, *(self._images() if self._images else ())})
+
+    def _check_template(self, template: str) -> None:
+        if template in self.templates:
+            return
+        names = self._images() if self._images is not None else []
+        if template in names or (":" not in template and f"{template}:latest" in names):
+            return
+        raise BadRequest(f"unknown template {template!r}; this server offers "
+                         f"{', '.join(self.offered())}")
 
     # -- the control plane -----------------------------------------------------------
 
@@ -155,9 +176,7 @@ class SessionManager:
                      metadata: Mapping[str, str] | None, env_vars: Mapping[str, str] | None,
                      auto_pause: bool = False) -> Session:
         template = template or DEFAULT_TEMPLATE
-        if template not in self.templates:
-            raise BadRequest(f"unknown template {template!r}; this server offers "
-                             f"{', '.join(sorted(self.templates))}")
+        self._check_template(template)
         timeout = _check_timeout(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         meta = {str(k): str(v) for k, v in (metadata or {}).items()}
         now = self.wall_clock()
@@ -341,7 +360,7 @@ class SessionManager:
         session = self.sessions.get(sandbox_id)
         if session is None:
             raise SandboxNotFound(f"sandbox {sandbox_id} was not found")
-        image = self.templates[session.record.template]
+        image = self.image_of(session.record.template)
         image_root = self._image_root(image) if self._image_root is not None else None
         workspaces = self.runtime.workspaces
         if write or not workspaces.exists(sandbox_id):
