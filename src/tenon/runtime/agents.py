@@ -75,6 +75,8 @@ class AgentState:
     last_done_at: float | None = None
     predicted_wait_s: float | None = None  # EWMA of the waits between actions (model calls)
     agentcgroup_class: AgentCgroupClass | None = None
+    backend_config: dict[str, Any] | None = None
+    """Its own backend config (the runtime's with its network policy) when it has one."""
 
     def note_ready(self, now: float) -> None:
         if self.last_done_at is not None:

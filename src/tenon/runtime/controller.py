@@ -88,6 +88,7 @@ from tenon.sandbox.base import (
     SandboxBackend,
     SandboxMeter,
 )
+from tenon.sandbox.netpolicy import NetworkPolicy
 from tenon.state.reconcile import LeftoverRemover, ReconcileReport, reconcile
 from tenon.state.recovery import RecoveryRecord, RecoveryStore
 from tenon.state.workspace import WorkspaceStore
@@ -339,12 +340,14 @@ class Runtime:
         profile_peak_bytes: int | None = None,
         workflow: str | None = None,
         task: str | None = None,
+        network: NetworkPolicy | bool | Mapping[str, Any] | None = None,
     ) -> Agent:
         """A new logical agent (one workflow). Baselines that admit per workflow wait here;
         the sandbox itself is materialized when the first action is admitted. `workflow`
         names the workflow for the predictor (default: the agent id); `task` names what it
         attempts, so predictors learn from other attempts at the same task (default: none,
-        they fall back to the family)."""
+        they fall back to the family). `network` is what its sandbox may reach
+        (`NetworkPolicy`; default: the runtime's backend config, no network unless it says)."""
         if self._closed:
             raise AgentClosed("the runtime is closed")
         if agent_id is None:  # skip ids of agents recovered from an earlier controller
@@ -356,6 +359,9 @@ class Runtime:
         self.workflows.check(profile_peak_bytes)
         state = AgentState(agent_id, image, family, task_prompt, profile_peak_bytes,
                            created_at=self.clock.now(), workflow=workflow, task=task)
+        if network is not None:  # kept in its records, so every rebuild applies it again
+            policy = NetworkPolicy.from_value(network)
+            state.backend_config = {**self._backend_config, "network": policy.to_dict()}
         if self.spec.kind is PolicyKind.AGENTCGROUP:
             if profile_peak_bytes is None:
                 raise ConfigError("the agentcgroup policy needs each workflow's profiled peak")
@@ -372,6 +378,9 @@ class Runtime:
                          family=family, task=task, profile_peak_bytes=profile_peak_bytes,
                          waited_s=round(self.clock.now() - state.created_at, 4))
         return Agent(self, state)
+
+    def _config_of(self, state: AgentState) -> Mapping[str, Any]:
+        return self._backend_config if state.backend_config is None else state.backend_config
 
     async def _keep_all(self) -> None:
         """Leave every agent for the next runtime, `lifecycle_limit` of them at a time."""
@@ -399,7 +408,7 @@ class Runtime:
         if self._recovery.get(agent_id) is None:
             async with self.residency.hold(agent_id):  # after a first materialize in flight
                 if self._recovery.get(agent_id) is None:
-                    await self._blocking(self.workspaces.create, agent_id, self._backend_config)
+                    await self._blocking(self.workspaces.create, agent_id, self._config_of(state))
                     await self._commit_root(state)
                     how = "recorded"
         if self.residency.sandbox_for(agent_id) is not None:
@@ -526,7 +535,7 @@ class Runtime:
                 raise AgentClosed(f"agent {agent_id} was closed")
             if self._recovery.get(agent_id) is None:
                 root = await self._blocking(self.workspaces.create, agent_id,
-                                            self._backend_config)
+                                            self._config_of(state))
                 state.root_made = True
             else:
                 root = await self._blocking(self.workspaces.attach, agent_id)
@@ -546,7 +555,7 @@ class Runtime:
         manifest = await self._blocking(self.workspaces.capture, agent_id)
         if record is None:
             self._recovery.commit_teardown(agent_id, 0, manifest.digest, state.image,
-                                           self.backend.name, self._backend_config,
+                                           self.backend.name, self._config_of(state),
                                            manifest=manifest)
             self._recovery.note_agent_meta(agent_id, _agent_meta(state))
         else:
@@ -655,7 +664,7 @@ class Runtime:
             if state.lifecycle is not None:  # a teardown or predictive rebuild in flight
                 with contextlib.suppress(Exception):
                     await state.lifecycle
-            sandbox = await self.boundary.ensure_sandbox(state, self._backend_config)
+            sandbox = await self.boundary.ensure_sandbox(state, self._config_of(state))
             self._recovery.note_action_start(state.agent_id, action_id,
                                              agent_meta=_agent_meta(state))
             return await self._execute(state, action, sandbox, command, context, timeout_s,
