@@ -1,7 +1,8 @@
 """Build an image from a Dockerfile on the local Docker daemon, then import it into the store.
 
 Nothing is pulled: every base a `FROM` names must be in Docker already, or in the target
-store or the default one (it is then loaded into Docker first); a missing one is an ImageNotFound saying how to get it.
+store or the default one (it is then loaded into Docker first); a missing one is an
+ImageNotFound saying how to get it.
 """
 
 from __future__ import annotations

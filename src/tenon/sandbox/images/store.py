@@ -3,7 +3,8 @@
 Layout of an image directory (default /var/lib/tenon/images, $TENON_IMAGE_DIR):
 
     content/<id>/rootfs      the extracted root filesystem, read-only to sandboxes
-    content/<id>/image.json  what the image is (ImageMeta)
+    content/<id>/image.json  what the image is (ImageMeta, and its settings under Docker's
+                             names in "config": Env, WorkingDir, User, Entrypoint, Cmd)
     names/<name>             a pointer file holding the id `name` (e.g. tenon-base:bookworm) is
     tmp/                     staging: an image is extracted here, then renamed into content/
     trash/                   content whose last name was removed, until `prune`
@@ -77,6 +78,21 @@ class StoredImage:
     rootfs: Path
 
 
+def docker_config(meta: ImageMeta) -> dict[str, object]:
+    """The image's settings under Docker's names (image.json "config")."""
+    return {"Env": meta.env, "WorkingDir": meta.workdir, "User": meta.user,
+            "Entrypoint": meta.entrypoint, "Cmd": meta.cmd}
+
+
+def _write_meta(path: Path, meta: ImageMeta) -> None:
+    path.write_text(json.dumps({**asdict(meta), "config": docker_config(meta)}, indent=2))
+
+
+def _read_meta(path: Path) -> ImageMeta:
+    data = json.loads(path.read_text())
+    return ImageMeta(**{k: v for k, v in data.items() if k in ImageMeta.__dataclass_fields__})
+
+
 def _tree_bytes(root: Path) -> int:
     total = 0
     for dirpath, _, filenames in os.walk(root):
@@ -115,7 +131,7 @@ class ImageStore:
         meta_path = self.root / "content" / str(image_id) / "image.json"
         if image_id is None or not meta_path.exists():
             raise ImageNotFound(self._unknown(full))
-        meta = ImageMeta(**json.loads(meta_path.read_text()))
+        meta = _read_meta(meta_path)
         return StoredImage(full, meta, meta_path.parent / "rootfs")
 
     def _unknown(self, name: str) -> str:
@@ -174,7 +190,7 @@ class ImageStore:
                 meta = populate(rootfs)
                 meta = ImageMeta(**{**asdict(meta), "id": image_id, "name": full,
                                     "size_bytes": _tree_bytes(rootfs)})
-                (stage / "image.json").write_text(json.dumps(asdict(meta), indent=2))
+                _write_meta(stage / "image.json", meta)
                 stage.chmod(0o755)
                 with self.locked():
                     self._adopt(stage, image_id)
