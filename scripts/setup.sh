@@ -96,9 +96,9 @@ else
 fi
 wait_for_dockerd
 
-# The process backend's seccomp helper (static; its filter generated with libseccomp).
-log "building the seccomp helper"
-.venv/bin/python -m tenon.sandbox.seccomp build >/dev/null
+# The process backend's launcher (static; its seccomp filter generated with libseccomp).
+log "building the sandbox launcher"
+.venv/bin/python -m tenon.sandbox.launcher build >/dev/null
 
 # Base image: built locally from Debian packages, never pulled.
 log "ensuring the base image"

@@ -59,16 +59,16 @@ def _gate_actuator_check() -> Check:
 
 
 def _isolation_checks() -> list[Check]:
-    from tenon.sandbox import seccomp
-    from tenon.sandbox.uids import UidAllocator
+    from tenon.sandbox import launcher
+    from tenon.sandbox.uids import IdRangeAllocator, UidAllocator
 
-    helper = seccomp.check()
-    clashes = UidAllocator().check()
+    helper = launcher.check()
+    clashes = [*UidAllocator().check(), *IdRangeAllocator().check()]
     slirp = shutil.which("slirp4netns")
     nft = shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin:/bin")
     return [
-        Check("seccomp helper", not helper, helper[0] if helper else str(seccomp.HELPER),
-              "python -m tenon.sandbox.seccomp build" if helper else ""),
+        Check("sandbox launcher", not helper, helper[0] if helper else str(launcher.LAUNCHER),
+              "python -m tenon.sandbox.launcher build" if helper else ""),
         Check("sandbox uid range", not clashes, "; ".join(clashes) or "no clash",
               "free the range or pass another to UidAllocator" if clashes else ""),
         Check("slirp4netns", slirp is not None,
@@ -113,9 +113,6 @@ def run_checks(state_dir: Path, image: str) -> list[Check]:
     checks = _cgroup_checks()
     checks.append(_psi_check())
     checks.append(_gate_actuator_check())
-    bwrap = shutil.which("bwrap")
-    checks.append(Check("bubblewrap", bwrap is not None, bwrap or "missing",
-                        "" if bwrap else "apt-get install bubblewrap"))
     checks.extend(_isolation_checks())
     try:
         rootfs = image_rootfs(image, state_dir)
