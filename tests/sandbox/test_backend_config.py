@@ -43,8 +43,8 @@ def test_the_type_tag_picks_the_config_and_fields_are_validated():
 def test_an_unknown_field_is_refused_by_name():
     with pytest.raises(ConfigError, match="sim.materialise_s"):
         parse_backend_config({"type": "sim", "materialise_s": 0.5})
-    with pytest.raises(ConfigError, match="docker.state_dir"):  # only the process backend has one
-        parse_backend_config({"type": "docker", "state_dir": "/srv/t"})
+    with pytest.raises(ConfigError, match="docker.image_dir"):
+        parse_backend_config({"type": "docker", "image_dir": "/srv/t"})
 
 
 def test_an_unknown_or_missing_type_is_refused():
@@ -82,7 +82,9 @@ def test_the_flags_build_the_config_and_keep_their_error():
     assert backend_config("process", Path("/srv/t")) == ProcessBackendConfig(
         state_dir=Path("/srv/t")
     )
-    assert backend_config("docker", Path("/srv/t")) == DockerBackendConfig()
+    assert backend_config("docker", Path("/srv/t")) == DockerBackendConfig(
+        state_dir=Path("/srv/t")
+    )
     with pytest.raises(ConfigError, match="unknown backend 'vm'; known backends: docker, process"):
         backend_config("vm", Path("/srv/t"))
 

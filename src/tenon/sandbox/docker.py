@@ -290,7 +290,11 @@ class DockerBackend:
         self.domain = domain
         self._client = client
         self.state_dir = state_dir
-        self.roots_dir = state_dir / "docker" / "roots"
+
+    @property
+    def roots_dir(self) -> Path:
+        """Where the domain's sandboxes' trees are mounted, one directory per sandbox id."""
+        return self.state_dir / "docker" / "roots" / self.domain.name
 
     @property
     def client(self) -> docker.DockerClient:
@@ -319,13 +323,15 @@ class DockerBackend:
                 if merged.name.startswith(sandbox_prefix) and not self._container_exists(
                         self.client, merged.name):
                     unmount_root(merged)
-                    removed.append(f"root:{merged}")
+                    removed.append(f"root:{merged.name}")
         return removed
 
     def release_domain(self) -> None:
         """Remove the `<hierarchy>/<domain>` directories Docker's cgroupfs driver made in
         hierarchies the domain does not own (`remove_parent_cgroups`)."""
         remove_parent_cgroups(self.domain.name)
+        with contextlib.suppress(OSError):  # left only if a root is still mounted in it
+            self.roots_dir.rmdir()
 
     def image_root(self, image: str) -> Path | None:
         """None: a sandbox's root is its own overlay, read through the sandbox."""
@@ -364,6 +370,7 @@ class DockerBackend:
         own_remapped_root(root, base)
         merged = self.roots_dir / spec.sandbox_id
         self.roots_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.roots_dir.chmod(0o711)  # Docker binds the tree as container root, not host root
         mount_root(lower, root, merged)
         try:
             make_mount_points(merged, [*PERSISTENT_MOUNTS.values(), *spec.disposable],
@@ -690,6 +697,8 @@ class DockerSandbox:
             msg = f"cgroup of {self.spec.sandbox_id} outlived its container: {exc}"
             raise SandboxError(msg) from exc
         unmount_root(self.root_dir)  # nothing runs on it: the cgroup is gone
+        with contextlib.suppress(OSError):  # the domain's last tree: its directory too
+            self.root_dir.parent.rmdir()
         # Every container's root is the same host uid: between sandboxes only host root
         # may enter this persistent root.
         root = self.spec.workspace.resolve()
