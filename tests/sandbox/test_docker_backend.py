@@ -480,7 +480,7 @@ async def test_remove_leftovers_names_each_container_it_removed(env, docker_clie
     removed = backend.remove_leftovers()
     assert sorted(removed) == sorted([*(f"container:{s.container.id[:12]}" for s in left),
                                       *(f"root:{s.spec.sandbox_id}" for s in left)])
-    assert not any(os.path.ismount(s.root_dir) for s in left)
+    assert not any(s.root_dir.exists() for s in left)  # unmounted, directory removed
     assert backend.remove_leftovers() == []
     for sandbox in left:
         await sandbox.destroy()
