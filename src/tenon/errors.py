@@ -27,8 +27,9 @@ class BackendUnavailable(SandboxError):
     """The backend's prerequisites (bubblewrap, Docker Engine, base image) are missing."""
 
 
-class ImageNotFound(BackendUnavailable, FileNotFoundError):
-    """The named base image does not exist for this backend."""
+class ImageNotFound(BackendUnavailable, LookupError):
+    """No image has this name (the message names the images there are), or the name is
+    not one an image can have."""
 
 
 class SandboxDied(SandboxError):
