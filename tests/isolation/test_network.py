@@ -112,11 +112,17 @@ async def test_slirp4netns_runs_confined_once_connected(sandboxes):
 
 async def test_a_hostname_that_does_not_resolve_fails_the_start_cleanly(process_backend,
                                                                          sandboxes):
-    held_before = process_backend.uids.held()
+    held_before = process_backend.ids.held()
     policy = NetworkPolicy(allow_out=("no-such-host.invalid",), deny_out=(ALL_TRAFFIC,))
     with pytest.raises(NetworkRuleError, match="no-such-host.invalid"):
         await sandboxes("unresolved", network=policy)
-    assert process_backend.uids.held() == held_before
+    assert await asyncio.to_thread(sandbox_cgroups, process_backend.domain.name) == []
+    assert process_backend.ids.held() == held_before  # its id range went back
+
+
+def sandbox_cgroups(domain: str) -> list[Path]:
+    root = Path("/sys/fs/cgroup")
+    return [*root.glob(f"*/{domain}/*/"), *root.glob(f"{domain}/*/")]
 
 
 _TUN_CHILD = textwrap.dedent("""
