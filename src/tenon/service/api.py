@@ -32,6 +32,7 @@ from starlette.routing import Route
 from tenon.runtime.controller import Runtime
 from tenon.runtime.load import node_load
 from tenon.service.errors import BadRequest, Conflict
+from tenon.service.network import policy_of
 from tenon.service.sessions import Session, SessionManager
 
 LOAD_PATH = "/tenon/load"
@@ -42,6 +43,10 @@ CPU_COUNT = 2
 
 def _unset(value: Any, default: Any = None) -> Any:
     return default if isinstance(value, Unset) else value
+
+
+def _internet_access(network: dict[str, Any] | None) -> bool:
+    return bool(network and network.get("allow_internet_access"))
 
 
 def _time(seconds: float) -> datetime.datetime:
@@ -97,7 +102,8 @@ def control_plane(sessions: SessionManager) -> APIRouter:
         session = await sessions.create(
             template=new.template_id, timeout_s=_unset(new.timeout),
             metadata=_unset(new.metadata, {}), env_vars=_unset(new.env_vars, {}),
-            auto_pause=bool(_unset(new.auto_pause, False)))
+            auto_pause=bool(_unset(new.auto_pause, False)),
+            network=policy_of(new.allow_internet_access, new.network))
         return created(session)
 
     @router.get("/sandboxes")
@@ -129,7 +135,7 @@ def control_plane(sessions: SessionManager) -> APIRouter:
                              cpu_count=CPU_COUNT, memory_mb=memory_mb,
                              disk_size_mb=_disk_mb(sessions), state=state_of(session),
                              envd_access_token=r.access_token, metadata=r.metadata,
-                             allow_internet_access=False).to_dict()
+                             allow_internet_access=_internet_access(r.network)).to_dict()
 
     @router.delete("/sandboxes/{sandbox_id}", status_code=204)
     async def kill(sandbox_id: str) -> Response:

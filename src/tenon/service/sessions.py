@@ -26,6 +26,7 @@ from tenon.errors import NotBusy, SandboxError, TenonError
 from tenon.runtime.controller import Agent, Runtime
 from tenon.runtime.results import Outcome, WorkflowFailed
 from tenon.sandbox.base import ExecIO
+from tenon.sandbox.netpolicy import NetworkPolicy
 from tenon.service.commands import Command, CommandTable, Ended, ended_from
 from tenon.service.errors import BadRequest, SandboxNotFound, SandboxUnavailable, Unauthorized
 from tenon.service.files import SandboxFiles
@@ -145,7 +146,8 @@ class SessionManager:
             image=self.image_of(record.template), agent_id=record.sandbox_id,
             family=meta.get(FAMILY_KEY), task=meta.get(TASK_KEY),
             workflow=meta.get(WORKFLOW_KEY), task_prompt=meta.get(PROMPT_KEY),
-            profile_peak_bytes=int(peak) if peak and peak.isdigit() else None)
+            profile_peak_bytes=int(peak) if peak and peak.isdigit() else None,
+            network=record.network)
 
     def image_of(self, template: str) -> str:
         """The image an E2B template id or alias names."""
@@ -174,7 +176,8 @@ class SessionManager:
 
     async def create(self, *, template: str | None, timeout_s: int | None,
                      metadata: Mapping[str, str] | None, env_vars: Mapping[str, str] | None,
-                     auto_pause: bool = False) -> Session:
+                     auto_pause: bool = False,
+                     network: NetworkPolicy | None = None) -> Session:
         template = template or DEFAULT_TEMPLATE
         self._check_template(template)
         timeout = _check_timeout(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
@@ -183,7 +186,8 @@ class SessionManager:
         record = SandboxRecord(secrets.token_hex(10), template, now, now + timeout,
                                secrets.token_urlsafe(24), meta,
                                {str(k): str(v) for k, v in (env_vars or {}).items()},
-                               auto_pause, False, float(timeout))
+                               auto_pause, False, float(timeout),
+                               None if network is None else network.to_dict())
         self._store.put(record)  # before the agent: a crash now leaves a sandbox to restore
         try:
             agent = await self._new_agent(record)

@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 STORE_FILE = "service.sqlite"
 
@@ -23,9 +24,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     auto_pause INTEGER NOT NULL,
     paused INTEGER NOT NULL,
     access_token TEXT NOT NULL,
-    timeout_s REAL NOT NULL
+    timeout_s REAL NOT NULL,
+    network TEXT
 )
 """
+# Added after the first release of the table: stores made before it get the column.
+_ADD_NETWORK = "ALTER TABLE sandboxes ADD COLUMN network TEXT"
 
 
 @dataclass
@@ -42,6 +46,8 @@ class SandboxRecord:
     auto_pause: bool = False  # at its timeout: paused (torn down, kept) instead of killed
     paused: bool = False
     timeout_s: float = 300.0  # the lifetime a create, connect or resume grants
+    # Its outbound rules (`NetworkPolicy.to_dict`), None for the server's default.
+    network: dict[str, Any] | None = None
 
 
 class SandboxStore:
@@ -53,14 +59,17 @@ class SandboxStore:
                                    check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sandboxes)")}
+        if "network" not in columns:
+            self._db.execute(_ADD_NETWORK)
 
     def put(self, record: SandboxRecord) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO sandboxes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO sandboxes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (record.sandbox_id, record.template, json.dumps(record.metadata),
              json.dumps(record.env_vars), record.started_at, record.end_at,
              int(record.auto_pause), int(record.paused), record.access_token,
-             record.timeout_s))
+             record.timeout_s, None if record.network is None else json.dumps(record.network)))
 
     def delete(self, sandbox_id: str) -> None:
         self._db.execute("DELETE FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,))
@@ -68,11 +77,13 @@ class SandboxStore:
     def all(self) -> Iterator[SandboxRecord]:
         rows = self._db.execute(
             "SELECT sandbox_id, template, metadata, env_vars, started_at, end_at, auto_pause,"
-            " paused, access_token, timeout_s FROM sandboxes ORDER BY started_at").fetchall()
+            " paused, access_token, timeout_s, network FROM sandboxes ORDER BY started_at"
+        ).fetchall()
         for (sid, template, metadata, env_vars, started, end, auto_pause, paused, token,
-             timeout_s) in rows:
+             timeout_s, network) in rows:
             yield SandboxRecord(sid, template, started, end, token, json.loads(metadata),
-                                json.loads(env_vars), bool(auto_pause), bool(paused), timeout_s)
+                                json.loads(env_vars), bool(auto_pause), bool(paused), timeout_s,
+                                None if network is None else json.loads(network))
 
     def close(self) -> None:
         self._db.close()
