@@ -16,11 +16,12 @@ from tenon.sandbox.images import image_rootfs
 WIDE = {"COLUMNS": "200"}  # one table row per check, so names are not wrapped
 
 
-def test_a_state_dir_without_the_image_fails_the_doctor(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["doctor", "--state-dir", str(tmp_path)], env=WIDE)
+def test_an_image_dir_without_the_image_fails_the_doctor(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["doctor", "--image-dir", str(tmp_path)], env=WIDE)
     assert result.exit_code == EXIT_CHECK_FAILED == 1, result.output
     assert "Traceback" not in result.output
-    failed = [c.name for c in run_checks(tmp_path, DEFAULT_IMAGE) if not c.ok]
+    failed = [c.name for c in run_checks(DEFAULT_STATE_DIR, DEFAULT_IMAGE, tmp_path)
+              if not c.ok]
     assert f"base rootfs {DEFAULT_IMAGE}" in failed
     assert f"{len(failed)} of " in result.output
     assert "tenon image build" in result.output

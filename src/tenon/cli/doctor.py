@@ -106,16 +106,18 @@ def _docker_checks(image: str) -> list[Check]:
     return checks
 
 
-def run_checks(state_dir: Path, image: str) -> list[Check]:
-    """Every check, in the order printed."""
-    from tenon.sandbox.images import image_rootfs
+def run_checks(state_dir: Path, image: str, image_dir: Path | None = None) -> list[Check]:
+    """Every check, in the order printed; the image is looked up in `image_dir` when given,
+    else where a backend over `state_dir` finds it (`images.image_store`)."""
+    from tenon.sandbox.images import ImageStore, image_store
 
     checks = _cgroup_checks()
     checks.append(_psi_check())
     checks.append(_gate_actuator_check())
     checks.extend(_isolation_checks())
     try:
-        rootfs = image_rootfs(image, state_dir)
+        store = ImageStore(image_dir) if image_dir is not None else image_store(state_dir)
+        rootfs = store.get(image).rootfs
         checks.append(Check(f"base rootfs {image}", True, str(rootfs)))
     except Exception as exc:
         checks.append(Check(f"base rootfs {image}", False, str(exc).splitlines()[0],

@@ -79,12 +79,15 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> 
 
 
 @app.command()
-def doctor(state_dir: StateDir = DEFAULT_STATE_DIR, image: Image = DEFAULT_IMAGE) -> None:
+def doctor(state_dir: StateDir = DEFAULT_STATE_DIR, image: Image = DEFAULT_IMAGE,
+           image_dir: Annotated[Path | None, typer.Option(
+               help="The image store (default: $TENON_IMAGE_DIR, else "
+                    "/var/lib/tenon/images).")] = None) -> None:
     """Print what this host supports and what is missing, with the command that fixes it."""
     from tenon.cli.doctor import run_checks
 
     table = Table("check", "status", "detail", "fix")
-    checks = run_checks(state_dir, image)
+    checks = run_checks(state_dir, image, image_dir)
     for check in checks:
         status = "[green]ok[/green]" if check.ok else "[red]missing[/red]"
         table.add_row(check.name, status, check.detail, check.fix)
