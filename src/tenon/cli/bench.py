@@ -343,3 +343,24 @@ def faults_cmd(
     if not compact["passed"]:
         console.print("[red]the campaign failed a check[/red]")
         raise typer.Exit(1)
+
+
+def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path) -> None:
+    """`tenon bench lifecycle --files N,N,...`: teardown and rebuild workspace costs per
+    tree size (`replay.capture_bench`); a table, and JSON written to `out`."""
+    from tenon.replay.capture_bench import bench_capture, table
+
+    try:
+        sizes = [int(v) for v in files.split(",") if v.strip()]
+    except ValueError:
+        fail(ConfigError(f"--files: expected counts like 10,5000,50000, got {files!r}"))
+    if not sizes or any(not 1 <= n <= 1_000_000 for n in sizes):
+        fail(ConfigError(f"--files: counts must be 1 to 1000000, got {files!r}"))
+    if runs < 1:
+        fail(ConfigError(f"--runs: must be at least 1, got {runs}"))
+    if out is not None:
+        require_writable_file(out, what="--out")
+    result = bench_capture(sizes, runs, state_dir)
+    Console().print(table(result))
+    if out is not None:
+        write_text(out, json.dumps(result, indent=2) + "\n", what="--out")

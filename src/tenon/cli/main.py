@@ -193,8 +193,18 @@ def bench_lifecycle_cmd(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     image: Image = DEFAULT_IMAGE,
+    files: Annotated[str | None, typer.Option(
+        help="Tree sizes (e.g. 10,5000,50000): time workspace teardown and rebuild instead."
+    )] = None,
+    out: Annotated[Path | None, typer.Option(help="With --files: write JSON here.")] = None,
 ) -> None:
-    """Materialize -> exec `true` -> dematerialize (docker: against bare `docker run`/`rm`)."""
+    """Materialize -> exec `true` -> dematerialize (docker: against bare `docker run`/`rm`);
+    with --files, a workspace's teardown and rebuild per tree size."""
+    if files is not None:
+        from tenon.cli.bench import capture_lifecycle
+
+        capture_lifecycle(files, runs, out, state_dir)
+        return
     from tenon.host.domain import WorkloadDomain
     from tenon.replay.lifecycle import bench_lifecycle
     from tenon.sandbox.registry import make_backend

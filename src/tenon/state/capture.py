@@ -17,6 +17,7 @@ never captured.
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from collections.abc import Callable
@@ -91,24 +92,35 @@ def scan(root: Path, previous: Manifest | None = None, *,
     known = previous.by_path if previous is not None and usable else {}
     entries: dict[str, ManifestEntry] = {}
     changed: list[str] = []
+    num_known = 0  # walked paths the previous manifest has
     for path, header, target in zip(walked.paths, walked.headers, walked.targets, strict=True):
         old = known.get(path)
-        if old is not None and old.meta == header:
-            entries[path] = old
-            continue
+        if old is not None:
+            num_known += 1
+            if old.meta == header:
+                entries[path] = old
+                continue
         changed.append(path)
         entries[path] = _describe(root, path, header, target, start_ns, budget,
                                   hasher if version == 2 else plain_sha256, version)
-    removed = tuple(p for p in known if p not in entries)
+    removed = () if num_known == len(known) else tuple(p for p in known if p not in entries)
     if fsync:
         _make_durable(root, changed, removed, entries)
-    if previous is not None and usable and not removed and len(entries) == len(known):
-        ordered = (entries[e.path] for e in previous.entries)  # same paths: same order
-        manifest = Manifest.from_entries(ordered, version=version, ordered=True)
+    if previous is not None and usable and num_known == len(known) == len(entries):
+        manifest = _same_paths(previous, [entries[p] for p in changed])
     else:
         manifest = Manifest.from_entries(entries.values(), version=version)
+    manifest.__dict__["by_path"] = entries  # its cached index: the dict just built
     return ScanResult(manifest, len(entries), budget.num_files, budget.num_bytes,
                       tuple(changed), removed)
+
+
+def _same_paths(previous: Manifest, changed: list[ManifestEntry]) -> Manifest:
+    """`previous` with `changed` entries (of paths it has) replaced: same sorted order."""
+    items = list(previous.entries)
+    for entry in changed:
+        items[bisect.bisect_left(items, entry.path, key=lambda e: e.path)] = entry
+    return Manifest.from_entries(items, version=previous.version, ordered=True)
 
 
 def _describe(root: Path, path: str, header: str, target: str, start_ns: int,
