@@ -99,6 +99,9 @@ wait_for_dockerd
 # The process backend's launcher (static; its seccomp filter generated with libseccomp).
 log "building the sandbox launcher"
 .venv/bin/python -m tenon.sandbox.launcher build >/dev/null
+# The tree walker workspace capture and verification stat persistent roots with (static).
+log "building the tree walker"
+.venv/bin/python -m tenon.host.treewalk build >/dev/null
 
 # Base image: built locally from Debian packages, never pulled.
 log "ensuring the base image"
