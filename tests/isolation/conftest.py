@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tenon.host.domain import WorkloadDomain
+from tenon.sandbox import launcher
 from tenon.sandbox.base import SandboxSpec
 from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessBackend, ProcessSandbox
@@ -24,9 +25,8 @@ STATE_DIR = Path("/var/lib/tenon")
 def process_backend() -> Iterator[ProcessBackend]:
     if os.geteuid() != 0:
         pytest.skip("the process backend needs root (cgroups, nsenter)")
-    for tool in ("bwrap", "nsenter", "setpriv", "unshare"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing (apt-get install bubblewrap util-linux)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     image_rootfs(IMAGE, STATE_DIR)  # ImageNotFound names the fix: tenon image build
     domain = WorkloadDomain.open(f"tenon-test-{uuid.uuid4().hex[:8]}")
     yield ProcessBackend(domain, state_dir=STATE_DIR)

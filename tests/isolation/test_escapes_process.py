@@ -1,4 +1,5 @@
-"""Escape attempts from process-backend sandboxes; each must fail.
+"""Escape attempts from process-backend sandboxes; each must fail, as the default user and
+as root inside the sandbox (`who`).
 
 The Docker backend's counterparts live beside this file; the disk-fill escape is tried in
 tests/runtime/test_workspace_limits.py.
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import SandboxDied, SandboxError
+from tenon.sandbox.base import ExecIO
 from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessSandbox
 
@@ -42,9 +44,17 @@ _ONE_INOTIFY = ("python3 -c \"import ctypes, os; libc = ctypes.CDLL(None, use_er
                 "print('ok' if fd >= 0 else os.strerror(ctypes.get_errno()))\"")
 
 
-async def run(sandbox: ProcessSandbox, command: str, timeout_s: float = 20.0) -> str:
-    result = await sandbox.exec(command, timeout_s=timeout_s)
+async def run(sandbox: ProcessSandbox, command: str, timeout_s: float = 20.0,
+              user: str | None = None) -> str:
+    result = await sandbox.exec(command, timeout_s=timeout_s,
+                                io=None if user is None else ExecIO(user=user))
     return result.output
+
+
+@pytest.fixture(params=["user", "root"])
+def who(request: pytest.FixtureRequest) -> str:
+    """Who runs the escape attempt inside the sandbox: the default user, or root."""
+    return str(request.param)
 
 
 def read_text(path: Path) -> str:
@@ -64,30 +74,36 @@ def as_uid(uid: int, *argv: str) -> subprocess.CompletedProcess[str]:
                            "--", *argv], capture_output=True, text=True, check=False)
 
 
-async def test_live_sandboxes_run_as_distinct_host_uids(sandboxes):
+async def test_live_sandboxes_map_disjoint_host_id_ranges(sandboxes):
     first, second = await sandboxes("a"), await sandboxes("b")
-    assert first.host_uid != second.host_uid
+    ranges = []
     for sandbox in (first, second):
         await run(sandbox, "sleep 60 &")
         [leftover] = sandbox.processes()
-        assert os.stat(f"/proc/{leftover.host_pid}").st_uid == sandbox.host_uid
-        assert sandbox.spec.workspace.stat().st_uid == sandbox.host_uid
+        for name in ("uid_map", "gid_map"):
+            mapping = read_text(Path(f"/proc/{leftover.host_pid}/{name}"))
+            inside, outside, count = mapping.split()
+            assert (inside, int(outside), count) == ("0", sandbox.id_base, "65536")
+        assert os.stat(f"/proc/{leftover.host_pid}").st_uid == sandbox.id_base + 1000
+        ranges.append(range(sandbox.id_base, sandbox.id_base + 65536))
+    assert not set(ranges[0]) & set(ranges[1])
 
 
-async def test_a_rebuilt_sandbox_gets_its_previous_uid_back(process_backend, sandboxes):
+async def test_a_rebuilt_sandbox_gets_its_previous_range_back(process_backend, sandboxes):
     first = await sandboxes("a")
-    uid, spec = first.host_uid, first.spec
-    await run(first, "echo mine > /workspace/f")
+    id_base, spec = first.id_base, first.spec
+    await run(first, "echo mine > /workspace/f; echo r > /etc/r", user="root")
     await first.destroy()
-    # Between sandboxes the root is root's: whoever holds the uid next has no way in.
+    # On disk every file keeps its id as the sandbox sees it; the root is host root's.
     root = spec.workspace
     assert (root.stat().st_uid, root.stat().st_mode & 0o777) == (0, 0o700)
-    assert (root / "workspace" / "f").stat().st_uid == uid
-    tried = as_uid(uid, "cat", str(root / "workspace" / "f"))
+    assert (root / "workspace" / "f").stat().st_uid == 0
+    assert (root / "upper" / "etc" / "r").stat().st_uid == 0
+    tried = as_uid(id_base, "cat", str(root / "workspace" / "f"))
     assert "Permission denied" in tried.stderr
     again = await process_backend.materialize(spec)
     try:
-        assert again.host_uid == uid
+        assert again.id_base == id_base
     finally:
         await again.destroy()
 
@@ -112,17 +128,18 @@ async def test_exhausting_pids_does_not_reach_another_sandbox(sandboxes):
     assert busy.strip() == "ok"
 
 
-async def test_one_sandbox_uid_cannot_read_another_sandboxs_files(sandboxes):
+async def test_one_sandbox_cannot_read_another_sandboxs_files(sandboxes):
     owner, other = await sandboxes("owner"), await sandboxes("other")
     await run(owner, "echo API_KEY=hunter2 > /workspace/.env; echo h > ~/.netrc")
     root = owner.spec.workspace
-    assert as_uid(other.host_uid, "stat", str(root)).returncode == 0  # the parent lets it in
-    for argv in (["cat", str(root / "workspace" / ".env")], ["ls", str(root)],
-                 ["cat", str(root / "home" / ".netrc")]):
-        tried = as_uid(other.host_uid, *argv)
-        assert tried.returncode != 0, argv
-        assert "Permission denied" in tried.stderr
-    seen = await run(other, f"cat {root}/workspace/.env 2>&1; ls / ")
+    for host_uid in (other.id_base, other.id_base + 1000):  # its root, its default user
+        assert as_uid(host_uid, "stat", str(root)).returncode == 0  # the parent lets it in
+        for argv in (["cat", str(root / "workspace" / ".env")], ["ls", str(root)],
+                     ["cat", str(root / "home" / ".netrc")]):
+            tried = as_uid(host_uid, *argv)
+            assert tried.returncode != 0, argv
+            assert "Permission denied" in tried.stderr
+    seen = await run(other, f"cat {root}/workspace/.env 2>&1; ls / ", user="root")
     assert "hunter2" not in seen  # and inside its sandbox the path does not even exist
     assert "No such file" in seen
 
@@ -161,11 +178,11 @@ _TRY_SYSCALLS = (
 )
 
 
-async def test_the_default_seccomp_filter_denies_what_docker_denies(sandboxes):
+async def test_the_default_seccomp_filter_denies_what_docker_denies(sandboxes, who):
     import errno
 
     sandbox = await sandboxes("a")
-    output = await run(sandbox, _TRY_SYSCALLS)
+    output = await run(sandbox, _TRY_SYSCALLS, user=who)
     results = {line.split()[0]: (int(line.split()[1]), int(line.split()[2]))
                for line in output.splitlines()}
     assert sorted(results) == sorted(_BLOCKED), output
@@ -173,18 +190,20 @@ async def test_the_default_seccomp_filter_denies_what_docker_denies(sandboxes):
         assert (rc, err) == (-1, errno.EPERM), f"{name}: {output}"
 
 
-async def test_every_sandbox_process_runs_under_the_filter(sandboxes):
+async def test_every_sandbox_process_runs_under_the_filter(sandboxes, who):
     sandbox = await sandboxes("a")
     status = await run(sandbox, "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; "
-                                "grep '^Seccomp:' /proc/1/status /proc/2/status")
+                                "grep -E '^(Seccomp|CapEff):' /proc/1/status", user=who)
     assert "Seccomp:\t2" in status  # the action (filter mode)
     assert "NoNewPrivs:\t1" in status
-    assert "/proc/2/status:Seccomp:\t2" in status  # the init
-    namespaces = await run(sandbox, "unshare -U true 2>&1; unshare -n true 2>&1; echo end")
+    assert status.count("Seccomp:\t2") == 2  # pid 1 (the reaper) is filtered too...
+    assert "CapEff:\t0000000000000000" in status  # ...and without capabilities
+    namespaces = await run(sandbox, "unshare -U true 2>&1; unshare -n true 2>&1; echo end",
+                           user=who)
     assert namespaces.count("Operation not permitted") == 2
 
 
-async def test_ordinary_work_still_runs_under_the_filter(sandboxes):
+async def test_ordinary_work_still_runs_under_the_filter(sandboxes, who):
     sandbox = await sandboxes("a")
     script = ("import subprocess, threading, socket, os, tempfile, multiprocessing\n"
               "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
@@ -193,7 +212,7 @@ async def test_ordinary_work_still_runs_under_the_filter(sandboxes):
               "a, b = socket.socketpair(); a.send(b'pair'); print(b.recv(4).decode())\n"
               "with multiprocessing.Pool(2) as pool: print(sum(pool.map(abs, [-1, -2])))\n"
               "print(os.uname().sysname)\n")
-    result = await sandbox.exec(f"python3 -c \"{script}\"", timeout_s=30)
+    result = await sandbox.exec(f"python3 -c \"{script}\"", timeout_s=30, io=ExecIO(user=who))
     assert result.exit_code == 0, result.output
     assert result.output.split() == ["thread", "child", "pair", "3", "Linux"]
 
@@ -289,10 +308,12 @@ def test_net_listener() -> Iterator[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("network", [False, True])
-async def test_the_hosts_loopback_is_out_of_reach(sandboxes, host_loopback_listener, network):
+async def test_the_hosts_loopback_is_out_of_reach(sandboxes, host_loopback_listener, network,
+                                                  who):
     sandbox = await sandboxes("a", network=network)
     port = host_loopback_listener
-    output = await run(sandbox, _connect_script(("127.0.0.1", port), ("10.0.2.2", port)))
+    output = await run(sandbox, _connect_script(("127.0.0.1", port), ("10.0.2.2", port)),
+                       user=who)
     assert "host-secret" not in output
     assert [line.split()[1] for line in output.splitlines()] == ["refused", "refused"], output
     with socket.create_connection(("127.0.0.1", port), timeout=3) as probe:
@@ -336,21 +357,22 @@ async def test_slirp4netns_is_stopped_at_destroy_and_its_death_is_reported(sandb
         os.kill(other_slirp.pid, 0)
 
 
-async def test_host_processes_can_be_neither_seen_nor_signalled(sandboxes):
+async def test_host_processes_can_be_neither_seen_nor_signalled(sandboxes, who):
     sandbox = await sandboxes("a")
     host_sleep = await asyncio.create_subprocess_exec("sleep", "60")
     try:
         output = await run(sandbox, f"ls /proc | grep -cE '^[0-9]+$'; "
                                     f"kill -9 {host_sleep.pid} 2>&1; kill -9 1 2>&1; "
-                                    f"cat /proc/{host_sleep.pid}/cmdline 2>&1")
+                                    f"cat /proc/{host_sleep.pid}/cmdline 2>&1", user=who)
         assert host_sleep.returncode is None  # still alive
         os.kill(host_sleep.pid, 0)
     finally:
         host_sleep.kill()
         await host_sleep.wait()
     lines = output.splitlines()
-    # bwrap's pid 1, the init, and this action's shell, ls and grep; the host has hundreds
-    assert int(lines[0]) <= 6
+    # the launcher's pid 1, and this action's shell, ls and grep; the host has hundreds
+    assert int(lines[0]) <= 5
+    assert (await run(sandbox, "echo alive")).strip() == "alive"  # pid 1 shrugged off SIGKILL
     assert "No such process" in output
     assert "sleep" not in output.replace(f"kill -9 {host_sleep.pid}", "")
 
@@ -359,12 +381,23 @@ _OUTSIDE = ("/", "/etc", "/etc/passwd", "/usr/bin", "/var/tmp", "/root", "/opt",
             "/dev", "/proc/sys/kernel", "/sys/fs/cgroup", "/usr/lib/tenon")
 
 
-async def test_writes_outside_the_persistent_directories_fail(process_backend, sandboxes):
+async def test_writes_outside_the_persistent_directories_stay_in_the_agents_upper_layer(
+        process_backend, sandboxes, who):
     sandbox = await sandboxes("a")
     tries = "; ".join(f"(echo x > {path}/tenon-escape || echo x >> {path}) 2>/dev/null "
                       f"&& echo WROTE {path}" for path in _OUTSIDE)
-    output = await run(sandbox, f"{tries}; echo done")
-    assert output.strip() == "done", output
+    output = await run(sandbox, f"{tries}; echo done", user=who)
+    assert output.splitlines()[-1] == "done", output
+    written = {line.split()[1] for line in output.splitlines()[:-1]}
+    if who == "user":
+        assert written == {"/var/tmp"}, output  # the image's only world-writable directory
+    else:
+        assert {"/", "/etc", "/usr/bin", "/root", "/opt"} <= written, output
+        assert not written & {"/dev", "/proc/sys/kernel", "/sys/fs/cgroup"}, output
+    upper = sandbox.spec.workspace / "upper"
+    for path in written:
+        landed = upper / path.lstrip("/")
+        assert (landed / "tenon-escape").is_file() or landed.is_file(), path
     assert sandbox.leftover_state() == []
     rootfs = image_rootfs(sandbox.spec.image, process_backend.state_dir)
     assert escaped_files(rootfs) == []  # neither in the shared image rootfs nor on the host
@@ -379,10 +412,10 @@ def escaped_files(rootfs: Path) -> list[Path]:
 async def test_a_network_that_cannot_start_fails_the_materialization_cleanly(process_backend,
                                                                              sandboxes):
     process_backend._slirp4netns = "/bin/false"  # exits at once, as a failing slirp4netns
-    held_before = process_backend.uids.held()
+    held_before = process_backend.ids.held()
     with pytest.raises(SandboxError, match="slirp4netns could not connect"):
         await sandboxes("a", network=True)
-    assert process_backend.uids.held() == held_before  # the uid went back
+    assert process_backend.ids.held() == held_before  # the id range went back
     assert sandbox_cgroups(process_backend) == []  # and the cgroup with it
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +14,7 @@ import pytest
 
 from tenon.errors import ImageNotFound, SandboxError
 from tenon.host.domain import WorkloadDomain
+from tenon.sandbox import launcher
 from tenon.sandbox.base import ExecControl, ExecIO, ExecResult, Sandbox, SandboxSpec
 from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessBackend
@@ -33,9 +33,8 @@ TREE_COMMAND = "(sleep 1001 &); sleep 1002 & echo started; wait"
 def domain() -> Iterator[WorkloadDomain]:
     if os.geteuid() != 0:
         pytest.skip("the process backend needs root (cgroups, nsenter)")
-    for tool in ("bwrap", "nsenter", "setpriv", "unshare"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing (apt-get install bubblewrap util-linux)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     try:
         image_rootfs(IMAGE, STATE_DIR)
     except ImageNotFound as exc:

@@ -1,4 +1,4 @@
-"""The process backend against the real kernel: bubblewrap, namespaces, cgroups."""
+"""The process backend against the real kernel: its launcher, namespaces, cgroups."""
 
 import asyncio
 import os
@@ -11,6 +11,7 @@ import pytest
 
 from tenon.errors import ImageNotFound, SandboxDied, SandboxError, SandboxFrozen
 from tenon.host.domain import WorkloadDomain
+from tenon.sandbox import launcher
 from tenon.sandbox.base import Sandbox, SandboxSpec
 from tenon.sandbox.images import build_builtin, image_rootfs
 from tenon.sandbox.process import ProcessBackend
@@ -25,9 +26,8 @@ STATE_DIR = Path("/var/lib/tenon")
 def _missing_prerequisite() -> str | None:
     if os.geteuid() != 0:
         return "the process backend needs root (cgroups, nsenter)"
-    for tool in ("bwrap", "nsenter", "setpriv", "unshare"):
-        if shutil.which(tool) is None:
-            return f"{tool} is missing (apt-get install bubblewrap util-linux)"
+    if problems := launcher.check():
+        return problems[0]
     if not Path("/sys/fs/cgroup").exists():
         return "no /sys/fs/cgroup"
     return None
@@ -128,11 +128,10 @@ async def test_timeout_kills_the_whole_tree(sandbox):
     assert sandbox.processes() == []
     ps = await run(sandbox, LIST_PROCESSES)
     assert [line.split()[1] for line in ps.output.splitlines()] == [
-        "bwrap",
-        "sleep",
+        "tenon-launch",
         "sh",
         "python3",
-    ]  # pid 1, the init, and this action (sh, python3)
+    ]  # pid 1 (the reaper), and this action (sh, python3)
 
 
 # pid and comm of every process the sandbox can see
@@ -181,8 +180,8 @@ async def test_no_network(sandbox):
 async def test_cannot_see_host_processes(sandbox):
     result = await run(sandbox, LIST_PROCESSES)
     pids = [int(line.split()[0]) for line in result.output.splitlines()]
-    assert pids[:2] == [1, 2]  # bwrap's pid 1, the init
-    assert len(pids) == 4  # and this action: sh, python3
+    assert pids[0] == 1  # the launcher's pid 1, the reaper
+    assert len(pids) == 3  # and this action: sh, python3
     assert os.getpid() not in pids
     assert "pytest" not in result.output
 
@@ -242,15 +241,17 @@ async def test_no_capabilities(sandbox):
     assert lines[-1].split() == ["NoNewPrivs:", "1"]
 
 
-async def test_runs_as_unprivileged_host_uid(sandbox):
+async def test_runs_as_unprivileged_ids_of_its_own_range(sandbox):
     await run(sandbox, "sleep 30 &")
     [leftover] = sandbox.processes()
-    assert os.stat(f"/proc/{leftover.host_pid}").st_uid == sandbox.host_uid
-    assert sandbox.host_uid in sandbox._uids
-    assert sandbox.host_uid in sandbox._uids.held()
+    # the default user is 1000 inside: the range's 1000th id outside
+    assert os.stat(f"/proc/{leftover.host_pid}").st_uid == sandbox.id_base + 1000
+    with open(f"/proc/{leftover.host_pid}/uid_map") as f:  # noqa: ASYNC230 - procfs, instant
+        uid_map = f.read().split()
+    assert uid_map == ["0", str(sandbox.id_base), "65536"]
+    assert sandbox.id_base in sandbox._ids.held()
     root = sandbox.spec.workspace
-    assert root.stat().st_uid == sandbox.host_uid
-    assert root.stat().st_mode & 0o777 == 0o700
+    assert (root.stat().st_uid, root.stat().st_mode & 0o777) == (0, 0o700)
 
 
 async def test_pids_limit(backend, tmp_path):

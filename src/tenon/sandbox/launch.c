@@ -327,6 +327,11 @@ static void send_fds(int sock, const int fds[2]) {
 }
 
 static void reap_forever(int sock) {
+    /* SIGCHLD blocked is queued, not ignored: sigwaitinfo wakes for each orphan's death. */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &chld, NULL) != 0) die(1, "sigprocmask");
     set_caps(0, 0);
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     load_seccomp();
@@ -337,8 +342,10 @@ static void reap_forever(int sock) {
     int null = open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3; fd++) dup2(null, fd);
     if (null > 2) close(null);
-    for (;;)
-        if (wait(NULL) < 0 && errno == ECHILD) pause();
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        sigwaitinfo(&chld, NULL);
+    }
 }
 
 static int idmapped(const char *path, int userns, unsigned long long attrs) {

@@ -50,7 +50,7 @@ from tenon.host.domain import SandboxCgroup, WorkloadDomain
 from tenon.sandbox import launcher
 from tenon.sandbox._exec import enter_cgroup_argv, read_child_pid, wait_ready
 from tenon.sandbox.base import DEFAULT_STATE_DIR, BackendCapacity, SandboxSpec
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.ownership import prepare_canonical_root
 from tenon.sandbox.process_sandbox import ProcessSandbox, has_processes
 from tenon.sandbox.uids import IdRangeAllocator, shared_range_allocator
