@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import SandboxDied, SandboxError
-from tenon.sandbox.base import ExecIO
+from tenon.sandbox.base import ExecIO, SandboxSpec
 from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.process import ProcessSandbox
 
@@ -424,3 +425,144 @@ def sandbox_cgroups(backend) -> list[Path]:
     name = backend.domain.name
     return [*Path("/sys/fs/cgroup").glob(f"*/{name}/*/"), *Path("/sys/fs/cgroup").glob(
         f"{name}/*/")]
+
+
+def _mount_count() -> int:
+    with open("/proc/self/mountinfo") as f:
+        return sum(1 for _ in f)
+
+
+async def test_mounting_fails_even_for_root(sandboxes, who):
+    sandbox = await sandboxes("a")
+    host_mounts = _mount_count()
+    output = await run(sandbox, "for m in 'mount --bind /workspace /mnt' "
+                                "'mount -t tmpfs none /mnt' 'mount -t proc proc /mnt' "
+                                "'mount -o remount,rw /proc/sys' 'umount -l /workspace'; do "
+                                "$m 2>/dev/null && echo MOUNTED $m; done; "
+                                "grep -c . /proc/self/mountinfo", user=who)
+    assert "MOUNTED" not in output
+    inside = await run(sandbox, "grep -c . /proc/self/mountinfo")
+    assert output.split()[-1] == inside.strip()  # the sandbox's mount table is unchanged
+    assert _mount_count() == host_mounts
+
+
+# finit_module(fd of /dev/null), init_module, delete_module("ext4"), kexec_file_load
+_MODULE_CALLS = (
+    "python3 -c \"import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "fd = os.open('/dev/null', os.O_RDONLY)\n"
+    "for nr, *args in [(313, fd, b'', 0), (175, 0, 0, b''), (176, b'ext4', 0),"
+    " (320, fd, fd, 0, 0, 0)]:\n"
+    "    ctypes.set_errno(0); rc = libc.syscall(nr, *args); print(rc, ctypes.get_errno())\n"
+    "\""
+)
+
+
+async def test_loading_a_kernel_module_fails(sandboxes, who):
+    import errno
+
+    sandbox = await sandboxes("a")
+    output = await run(sandbox, f"{_MODULE_CALLS}; modprobe dummy 2>&1; echo end", user=who)
+    results = [line.split() for line in output.splitlines()[:4]]
+    assert results == [["-1", str(errno.EPERM)]] * 4, output
+    assert "dummy" not in read_text(Path("/proc/modules"))  # absent on a kernel without modules
+
+
+_PROC_WRITES = ("/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches",
+                "/proc/sys/kernel/core_pattern", "/proc/sys/net/ipv4/ip_forward",
+                "/proc/sysrq-trigger", "/proc/sys/fs/protected_symlinks")
+
+
+async def test_writing_proc_sys_fails(sandboxes, who):
+    sandbox = await sandboxes("a")
+    before = {path: read_text(Path(path)) for path in _PROC_WRITES
+              if os.path.exists(path) and os.stat(path).st_mode & 0o444}  # not write-only
+    tries = "; ".join(f"(echo 0 > {path}) 2>/dev/null && echo WROTE {path}"
+                      for path in _PROC_WRITES)
+    output = await run(sandbox, f"{tries}; echo done", user=who)
+    assert output.strip() == "done", output
+    assert {path: read_text(Path(path)) for path in before} == before
+
+
+# ptrace(PTRACE_ATTACH) of each pid given, printing rc and errno
+_PTRACE = ("python3 -c \"import ctypes, sys\n"
+           "libc = ctypes.CDLL(None, use_errno=True)\n"
+           "for pid in map(int, sys.argv[1:]):\n"
+           "    ctypes.set_errno(0); rc = libc.ptrace(16, pid, 0, 0)\n"
+           "    print(rc, ctypes.get_errno())\n"
+           "\"")
+
+
+async def test_ptrace_reaches_nothing_outside_the_action(sandboxes, who):
+    import errno
+
+    sandbox = await sandboxes("a")
+    host_sleep = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        # pid 1 (the reaper), and the host's sleep by its host pid (not in the pid namespace)
+        output = await run(sandbox, f"{_PTRACE} 1 {host_sleep.pid}", user=who)
+    finally:
+        host_sleep.kill()
+        await host_sleep.wait()
+    lines = [line.split() for line in output.splitlines()]
+    assert lines[0] == ["-1", str(errno.EPERM)], output
+    assert lines[1] in (["-1", str(errno.ESRCH)], ["-1", str(errno.EPERM)]), output
+
+
+async def test_chown_to_an_id_outside_the_range_fails(sandboxes, who):
+    sandbox = await sandboxes("a")
+    output = await run(sandbox, "touch /tmp/f; for id in 65536 70000 1700000000 4294967294; "
+                                "do chown $id /tmp/f 2>/dev/null && echo CHOWNED $id; "
+                                "chgrp $id /tmp/f 2>/dev/null && echo CHGRPED $id; done; "
+                                "echo done", user=who)
+    assert output.strip() == "done", output
+    st = (sandbox.spec.workspace / "tmp" / "f").stat()
+    assert (st.st_uid, st.st_gid) == ((0, 0) if who == "root" else (1000, 1000))
+
+
+async def test_joining_another_namespace_fails(sandboxes, who):
+    sandbox = await sandboxes("a")
+    output = await run(sandbox, "for ns in mnt net pid user uts ipc cgroup; do "
+                                "nsenter --target 1 --$ns true 2>/dev/null && echo JOINED $ns; "
+                                "done; python3 -c \"import os\n"
+                                "try:\n os.setns(os.open('/proc/1/ns/mnt', os.O_RDONLY), 0)\n"
+                                " print('SETNS')\nexcept OSError as e: print(e.errno)\"",
+                       user=who)
+    assert "JOINED" not in output, output
+    assert "SETNS" not in output, output
+
+
+async def test_a_symlink_root_plants_at_a_mount_point_fails_the_rebuild(process_backend,
+                                                                         sandboxes):
+    sandbox = await sandboxes("a")
+    # Without a network /etc/resolv.conf is no mount point: root may replace it with a link,
+    # hoping a rebuild with a network binds the resolver's file over what it points to.
+    planted = await run(sandbox, "rm /etc/resolv.conf && "
+                                 "ln -s /proc/sys/kernel/hostname /etc/resolv.conf && "
+                                 "echo planted", user="root")
+    assert planted.strip() == "planted"
+    spec = dataclasses.replace(sandbox.spec, network=True)
+    await sandbox.destroy()
+    held_before = process_backend.ids.held()
+    host_mounts = _mount_count()
+    with pytest.raises(SandboxError, match="a symlink is never followed"):
+        await process_backend.materialize(spec)
+    assert process_backend.ids.held() == held_before
+    assert sandbox_cgroups(process_backend) == []
+    assert _mount_count() == host_mounts
+
+
+@pytest.mark.parametrize(("point", "target"), [("proc", "/"), ("workspace", "/etc"),
+                                               ("dev", "/tmp")])
+async def test_a_symlink_in_the_upper_layer_is_never_a_mount_point(process_backend, roots,
+                                                                   point, target):
+    root = roots / "planted"
+    root.mkdir()
+    (root / "upper").mkdir()
+    (root / "upper" / point).symlink_to(target)  # as if the agent had left it there
+    host_mounts = _mount_count()
+    with pytest.raises(SandboxError, match="a symlink is never followed"):
+        await process_backend.materialize(SandboxSpec(
+            sandbox_id=f"sb-{uuid.uuid4().hex[:8]}", image="tenon-base:bookworm", workspace=root))
+    assert _mount_count() == host_mounts
+    assert sandbox_cgroups(process_backend) == []

@@ -330,7 +330,8 @@ def parents_first(pids: Iterable[int]) -> list[int]:
 
 async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,
                      timeout_s: float) -> None:
-    """Until the init inside reports it runs (all mounts done); bwrap's errors otherwise."""
+    """Until the init inside reports it runs (all mounts done); the starter's errors
+    otherwise."""
     loop = asyncio.get_running_loop()
     buf = bytearray()
     ready: asyncio.Future[None] = loop.create_future()
@@ -360,11 +361,12 @@ async def wait_ready(fd: int, proc: asyncio.subprocess.Process, marker: bytes,
             buf.extend(os.read(fd, 65536))
         detail = buf.decode(errors="replace").strip() or "no output"
         state = f"exit code {proc.returncode}" if proc.returncode is not None else "no answer"
-        raise SandboxError(f"bubblewrap failed to start the sandbox ({state}): {detail}")
+        raise SandboxError(f"the sandbox failed to start ({state}): {detail}")
 
 
 def read_child_pid(info_fd: int) -> int:
-    """bwrap writes {"child-pid": N, ...} to --info-fd right after clone, before our ready line."""
+    """The launcher writes {"child-pid": N} to its info fd right after clone, before the ready
+    line."""
     os.set_blocking(info_fd, False)
     raw = b""
     with contextlib.suppress(BlockingIOError):
@@ -373,4 +375,4 @@ def read_child_pid(info_fd: int) -> int:
     try:
         return int(json.loads(raw)["child-pid"])
     except (ValueError, KeyError) as exc:
-        raise SandboxError(f"unreadable bwrap --info-fd output {raw!r}") from exc
+        raise SandboxError(f"unreadable launcher --info-fd output {raw!r}") from exc

@@ -159,7 +159,7 @@ static int file_beneath(int dirfd, const char *name) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         errno = 0;
-        die(1, "mount point %s is not a regular file", name);
+        die(1, "mount point %s is not a regular file (a symlink is never followed)", name);
     }
     return fd;
 }
