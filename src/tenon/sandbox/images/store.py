@@ -280,13 +280,14 @@ def _process_roots() -> set[tuple[int, int]]:
 
 def image_store(where: Path | None = None) -> ImageStore:
     """The store a backend whose state directory (or image directory) is `where` uses:
-    `where` itself when it is an image directory, its images/ when that is one, else the
-    default ($TENON_IMAGE_DIR, else /var/lib/tenon/images). A runtime's state directory
-    therefore never needs images of its own."""
-    if where is not None:
-        for candidate in (where, where / "images"):
-            if (candidate / "names").is_dir():
-                return ImageStore(candidate)
+    `where` itself when it is an image directory, else $TENON_IMAGE_DIR when set, else
+    `where`/images when that is an image directory, else /var/lib/tenon/images. A runtime's
+    state directory therefore never needs images of its own."""
+    if where is not None and (where / "names").is_dir():
+        return ImageStore(where)
+    if where is not None and not os.environ.get(IMAGE_DIR_ENV) and (
+            where / "images" / "names").is_dir():
+        return ImageStore(where / "images")
     return ImageStore()
 
 
