@@ -25,14 +25,14 @@ def net(text: str) -> ipaddress.IPv4Network:
 def test_the_default_reaches_nothing():
     policy = NetworkPolicy()
     assert not policy
-    rules = resolve_rules(policy, {}, "10.0.2.3")
+    rules = resolve_rules(policy, {}, ("10.0.2.3",))
     assert rules.allow == ()
     assert not rules.default_accept
     assert not rules.dns_needed
 
 
 def test_internet_access_allows_public_addresses_but_not_the_hosts_networks():
-    rules = resolve_rules(NetworkPolicy(allow_internet_access=True), {}, "10.0.2.3")
+    rules = resolve_rules(NetworkPolicy(allow_internet_access=True), {}, ("10.0.2.3",))
     assert rules.default_accept
     assert rules.dns_needed
     assert {str(n) for n in rules.deny} == set(PRIVATE_NETS)
@@ -41,7 +41,7 @@ def test_internet_access_allows_public_addresses_but_not_the_hosts_networks():
 def test_allow_out_wins_over_deny_out_and_over_the_private_networks():
     policy = NetworkPolicy(allow_internet_access=True, allow_out=("192.168.7.0/24", "8.8.8.8"),
                            deny_out=("8.8.8.0/24",))
-    rules = resolve_rules(policy, {}, None)
+    rules = resolve_rules(policy, {}, ())
     assert rules.allow == (net("192.168.7.0/24"), net("8.8.8.8/32"))
     assert rules.deny[0] == net("8.8.8.0/24")
     script = render(rules)
@@ -54,30 +54,30 @@ def test_hostnames_become_their_resolved_addresses_and_open_dns():
     assert policy.hostnames == ("pypi.org", "files.pythonhosted.org")
     rules = resolve_rules(policy, {"pypi.org": ["151.101.0.223"],
                                    "files.pythonhosted.org": ["151.101.0.223", "1.2.3.4"]},
-                          "10.0.2.3")
+                          ("10.0.2.3",))
     assert rules.allow == (net("151.101.0.223/32"), net("1.2.3.4/32"))
     assert rules.dns_needed
     assert not rules.default_accept
-    assert "ip daddr 10.0.2.3 accept" in render(rules)
+    assert "ip daddr { 10.0.2.3 } accept" in render(rules)
 
 
 def test_ip_rules_alone_reject_dns():
-    rules = resolve_rules(NetworkPolicy(allow_out=("1.2.3.4",)), {}, "10.0.2.3")
-    assert "ip daddr 10.0.2.3 reject" in render(rules)
+    rules = resolve_rules(NetworkPolicy(allow_out=("1.2.3.4",)), {}, ("10.0.2.3",))
+    assert "ip daddr { 10.0.2.3 } reject" in render(rules)
 
 
 def test_a_hostname_without_an_address_is_refused():
     with pytest.raises(NetworkRuleError, match="'pypi.org' resolved to no IPv4 address"):
-        resolve_rules(NetworkPolicy(allow_out=("pypi.org",)), {"pypi.org": []}, None)
+        resolve_rules(NetworkPolicy(allow_out=("pypi.org",)), {"pypi.org": []}, ())
 
 
 def test_internet_off_is_the_same_as_denying_all_traffic():
     off = NetworkPolicy(allow_out=("1.2.3.4",))
     deny_all = NetworkPolicy(allow_internet_access=True, allow_out=("1.2.3.4",),
                              deny_out=(ALL_TRAFFIC,))
-    assert not resolve_rules(off, {}, None).default_accept
-    assert not resolve_rules(deny_all, {}, None).default_accept
-    assert resolve_rules(off, {}, None).allow == resolve_rules(deny_all, {}, None).allow
+    assert not resolve_rules(off, {}, ()).default_accept
+    assert not resolve_rules(deny_all, {}, ()).default_accept
+    assert resolve_rules(off, {}, ()).allow == resolve_rules(deny_all, {}, ()).allow
 
 
 @pytest.mark.parametrize(("fields", "message"), [

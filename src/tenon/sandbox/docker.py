@@ -26,8 +26,9 @@ namespace, not by distinct uids; kernel per-user counters are counted per user n
 and, above it, all containers' together under the namespace owner (host root): inotify
 instances and watches, user namespaces, and RLIMIT_MSGQUEUE bytes. Each container has its
 own pid, IPC, mount, network and user namespaces (network `none`, or with network the
-`SANDBOX_NETWORK` bridge: the host's loopback and other sandboxes are out of reach, host
-services bound to every address are not), Docker's default seccomp profile, a pids cgroup
+`SANDBOX_NETWORK` bridge and the spec's nftables rules in the container's network
+namespace (`netfilter`): the host's loopback, its private networks, so its services bound to
+every address too, and other sandboxes are out of reach), Docker's default seccomp profile, a pids cgroup
 capped at `max_pids` and its memory in the domain. docs/ISOLATION.md lists each escape
 tried against this.
 """
@@ -67,6 +68,7 @@ from tenon.errors import (
 from tenon.host import nsinspect, procfs, procs
 from tenon.host.domain import remove_empty_domain_dirs
 from tenon.host.layout import CGROUP_ROOT
+from tenon.sandbox import netfilter
 from tenon.sandbox._exec import (
     EXEC_ID_VAR,
     OutputBuffer,
@@ -102,6 +104,7 @@ from tenon.sandbox.docker_root import (
 )
 from tenon.sandbox.image import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root
+from tenon.sandbox.usernet import HOST_CERTS
 
 if TYPE_CHECKING:
     from tenon.host.domain import SandboxCgroup, WorkloadDomain
@@ -133,6 +136,8 @@ USERS = {"user": f"{USER_ID}:{USER_ID}", "root": "0:0"}  # `exec(user=...)` -> D
 # also Docker's /etc/hosts, /etc/hostname and /etc/resolv.conf (else the image's own).
 _MOVED_MOUNTS = ("/proc", "/dev", "/sys", *PERSISTENT_MOUNTS.values())
 _NETWORK_FILES = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
+DOCKER_DNS = "127.0.0.11"  # Docker's resolver in containers on a user-defined network
+_NSENTER = "/usr/bin/nsenter"
 # Writable mounts that hold no action's state besides the persistent and inspected ones:
 # the root (persistent) and the device nodes Docker binds in a user namespace.
 _KEPT_WRITABLE = frozenset(["/", *(f"/dev/{name}" for name in
@@ -191,6 +196,8 @@ def container_options(spec: SandboxSpec, root_dir: Path | None = None,
                for sub, target in PERSISTENT_MOUNTS.items()}
     if root_dir is not None:
         volumes[str(root_dir)] = {"bind": NEW_ROOT, "mode": "rw"}
+    if spec.network:  # the host's CA certificates (`usernet.HOST_CERTS`)
+        volumes[HOST_CERTS] = {"bind": HOST_CERTS, "mode": "ro"}
     tmpfs = {path: f"size={spec.tmp_size_bytes},mode=1777" for path in spec.disposable}
     return {
         "image": image if root_dir is not None and image else spec.image,
@@ -373,7 +380,8 @@ class DockerBackend:
         self.roots_dir.chmod(0o711)  # Docker binds the tree as container root, not host root
         mount_root(lower, root, merged)
         try:
-            make_mount_points(merged, [*PERSISTENT_MOUNTS.values(), *spec.disposable],
+            make_mount_points(merged, [*PERSISTENT_MOUNTS.values(), *spec.disposable,
+                                       *((HOST_CERTS,) if spec.network else ())],
                               list(_NETWORK_FILES) if spec.network else [], base)
             return self._start(client, spec, merged, placeholder, base, start)
         except BaseException:
@@ -428,6 +436,9 @@ class DockerBackend:
             container.reload()
             init_pid = int(container.attrs["State"]["Pid"])
             _pivot(init_pid, spec, base)
+            if spec.network:  # its rules, before its first command (`netfilter`)
+                netfilter.enforce(_NSENTER, init_pid, spec.network,
+                                  (DOCKER_DNS, *netfilter.host_nameservers()))
             _first_exec(client, container_id, time.monotonic() + _READY_TIMEOUT_S)
             relative = _container_cgroup(init_pid, self.domain.name, container_id)
             cgroup = self.domain.adopt(spec.sandbox_id, relative)
@@ -450,7 +461,8 @@ def _pivot(init_pid: int, spec: SandboxSpec, base: int) -> None:
     if (uid_map := procfs_uid_map(init_pid)) != base:
         raise SandboxError(f"container of {spec.sandbox_id} maps root to host uid {uid_map}, "
                            f"not {base}; is another daemon.json in use?")
-    moves = [*_MOVED_MOUNTS, *spec.disposable, *(_NETWORK_FILES if spec.network else ())]
+    moves = [*_MOVED_MOUNTS, *spec.disposable,
+             *((*_NETWORK_FILES, HOST_CERTS) if spec.network else ())]
     cgroups = [m.mount_point for m in procfs.mount_table(init_pid)
                if m.mount_point.startswith("/sys/fs/cgroup")]
     enter_root(init_pid, moves, ["/dev", *sorted(set(cgroups))])

@@ -15,6 +15,7 @@ an ICMP "administratively prohibited".
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shutil
 import socket
@@ -46,9 +47,9 @@ def render(rules: ResolvedRules) -> str:
     """The nft script for `rules` (replaces any earlier `inet tenon` table atomically)."""
     reject = ("meta l4proto tcp reject with tcp reset", "reject with icmpx type admin-prohibited")
     lines = ["type filter hook output priority 0; policy drop;"]
-    if rules.dns_server is not None:
+    if rules.dns_servers:
         verdict = "accept" if rules.dns_needed else reject[1]
-        lines.append(f"ip daddr {rules.dns_server} {verdict}")
+        lines.append(f"ip daddr {{ {', '.join(rules.dns_servers)} }} {verdict}")
     lines += ['oif "lo" accept', "meta nfproto ipv6 " + reject[1]]
     if rules.allow:
         lines.append(f"ip daddr {_set(rules.allow)} accept")
@@ -60,7 +61,25 @@ def render(rules: ResolvedRules) -> str:
             f"table inet {TABLE} {{\n    chain output {{\n{body}\n    }}\n}}\n")
 
 
-def resolve(policy: NetworkPolicy, dns_server: str | None) -> ResolvedRules:
+def host_nameservers(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, ...]:
+    """The host's IPv4 nameservers other than loopback ones: where Docker's resolver, which
+    runs in the container's network namespace, forwards a container's queries."""
+    try:
+        with open(resolv_conf) as f:
+            words = [line.split() for line in f]
+    except OSError:
+        return ()
+    found = []
+    for parts in words:
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            with contextlib.suppress(ValueError):
+                address = ipaddress.IPv4Address(parts[1])
+                if not address.is_loopback:
+                    found.append(str(address))
+    return tuple(found)
+
+
+def resolve(policy: NetworkPolicy, dns_servers: Iterable[str]) -> ResolvedRules:
     """Resolve the policy's hostnames (IPv4, with the host's resolver) into its rules."""
     addresses: dict[str, list[str]] = {}
     for name in policy.hostnames:
@@ -71,7 +90,7 @@ def resolve(policy: NetworkPolicy, dns_server: str | None) -> ResolvedRules:
             raise NetworkRuleError(f"allow_out hostname {name!r} could not be resolved: "
                                    f"{exc}") from None
         addresses[name] = sorted({str(info[4][0]) for info in infos})
-    return resolve_rules(policy, addresses, dns_server)
+    return resolve_rules(policy, addresses, dns_servers)
 
 
 def apply(nsenter: str, pid: int, rules: ResolvedRules) -> None:
@@ -91,9 +110,9 @@ def apply(nsenter: str, pid: int, rules: ResolvedRules) -> None:
 
 
 def enforce(nsenter: str, pid: int, policy: NetworkPolicy,
-            dns_server: str | None) -> ResolvedRules:
+            dns_servers: Iterable[str]) -> ResolvedRules:
     """Resolve and load `policy` for the network namespace of `pid` (blocking: from async
     code, run it in a thread); the rules loaded."""
-    rules = resolve(policy, dns_server)
+    rules = resolve(policy, dns_servers)
     apply(nsenter, pid, rules)
     return rules

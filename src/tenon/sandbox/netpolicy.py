@@ -172,12 +172,12 @@ class ResolvedRules:
     allow: tuple[ipaddress.IPv4Network, ...]  # allow_out entries and resolved names: first
     deny: tuple[ipaddress.IPv4Network, ...]  # deny_out entries and the private networks
     default_accept: bool  # for a destination in neither list
-    dns_server: str | None  # the sandbox's resolver
-    dns_needed: bool  # whether the resolver may be queried (else it is rejected)
+    dns_servers: tuple[str, ...]  # the sandbox's resolvers
+    dns_needed: bool  # whether the resolvers may be queried (else they are rejected)
 
 
 def resolve_rules(policy: NetworkPolicy, addresses: Mapping[str, Iterable[str]],
-                  dns_server: str | None) -> ResolvedRules:
+                  dns_servers: Iterable[str]) -> ResolvedRules:
     """The filter rules of `policy`, with `addresses` (hostname -> IPv4 addresses resolved
     at sandbox start); a name without an address is refused."""
     resolved: list[ipaddress.IPv4Network] = []
@@ -190,4 +190,4 @@ def resolve_rules(policy: NetworkPolicy, addresses: Mapping[str, Iterable[str]],
     return ResolvedRules(allow=tuple(dict.fromkeys((*policy.allowed_networks, *resolved))),
                          deny=tuple(dict.fromkeys(deny)),
                          default_accept=not policy.denies_by_default,
-                         dns_server=dns_server, dns_needed=policy.needs_dns)
+                         dns_servers=tuple(dns_servers), dns_needed=policy.needs_dns)

@@ -48,7 +48,7 @@ async def connect(policy: NetworkPolicy, slirp4netns: str, nsenter: str, target_
                   procs_files: Iterable[Path]) -> UserNet | None:
     """Load `policy` into the network namespace of `target_pid`, then connect it to the
     outside when the policy reaches anything (else only the rules: loopback alone)."""
-    await asyncio.to_thread(netfilter.enforce, nsenter, target_pid, policy, NAMESERVER)
+    await asyncio.to_thread(netfilter.enforce, nsenter, target_pid, policy, (NAMESERVER,))
     if not policy:
         return None
     return await UserNet.start(slirp4netns, target_pid, procs_files)
