@@ -28,9 +28,9 @@ instances and watches, user namespaces, and RLIMIT_MSGQUEUE bytes. Each containe
 own pid, IPC, mount, network and user namespaces (network `none`, or with network the
 `SANDBOX_NETWORK` bridge and the spec's nftables rules in the container's network
 namespace (`netfilter`): the host's loopback, its private networks, so its services bound to
-every address too, and other sandboxes are out of reach), Docker's default seccomp profile, a pids cgroup
-capped at `max_pids` and its memory in the domain. docs/ISOLATION.md lists each escape
-tried against this.
+every address too, and other sandboxes are out of reach), Docker's default seccomp
+profile, a pids cgroup capped at `max_pids` and its memory in the domain.
+docs/ISOLATION.md lists each escape tried against this.
 """
 
 from __future__ import annotations
