@@ -96,6 +96,21 @@ else
 fi
 wait_for_dockerd
 
+# Under Docker's remapping every container's user namespace belongs to host root, so the inotify
+# instances and watches of all containers also count against host root's per-user limits: each
+# container is capped at a share (docker_root.CONTAINER_USER_LIMITS) and the host's limits are
+# raised to fit many containers (never lowered; kept across reboots in sysctl.d).
+inotify_conf=/etc/sysctl.d/90-tenon-inotify.conf
+for setting in fs.inotify.max_user_instances=8192 fs.inotify.max_user_watches=4194304; do
+  key="${setting%%=*}" want="${setting#*=}"
+  have="$(sysctl -n "$key")"
+  if [ "$have" -lt "$want" ]; then
+    log "raising $key from $have to $want"
+    sysctl -q -w "$setting"
+  fi
+  grep -qx "$setting" "$inotify_conf" 2>/dev/null || echo "$setting" >>"$inotify_conf"
+done
+
 # The process backend's launcher (static; its seccomp filter generated with libseccomp).
 log "building the sandbox launcher"
 .venv/bin/python -m tenon.sandbox.launcher build >/dev/null

@@ -149,19 +149,53 @@ def host_listener(address: str) -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
-async def test_sandboxes_run_as_distinct_non_root_uids(sandboxes):
+def remap_base() -> int:
+    """The first host id of Docker's remapped range (dockremap's in /etc/subuid)."""
+    for line in Path("/etc/subuid").read_text().splitlines():
+        name, first, _count = line.split(":")
+        if name == "dockremap":
+            return int(first)
+    raise AssertionError("no dockremap range in /etc/subuid: is userns-remap on?")
+
+
+DOCKER_DEFAULT_CAPS = "00000000a80425fb"  # Docker's default capability set
+
+
+async def test_sandboxes_run_as_remapped_non_root_uids(sandboxes):
+    """Under userns-remap every container's root is the range's first host id, never host
+    root; the default user holds no capability, root inside holds Docker's default set over
+    the container's own user namespace only."""
     first, second = await sandboxes("one"), await sandboxes("two")
-    uids = {uid_of(first.init_pid), uid_of(second.init_pid)}
-    assert len(uids) == 2
-    assert 0 not in uids
-    result = await first.exec("id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status",
-                              timeout_s=10)
-    assert result.output.split() == [
-        str(uid_of(first.init_pid)),
+    base = remap_base()
+    assert base != 0
+    assert {uid_of(first.init_pid), uid_of(second.init_pid)} == {base}
+    status = "id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status"
+    as_user = await first.exec(status, timeout_s=10)
+    assert as_user.output.split() == [
+        "1000",
         "CapEff:", "0000000000000000",  # no capability at all
         "NoNewPrivs:", "1",
         "Seccomp:", "2",  # Docker's default profile filters syscalls
     ]
+    as_root = await first.exec(status, timeout_s=10, user="root")
+    assert as_root.output.split() == ["0", "CapEff:", DOCKER_DEFAULT_CAPS, "NoNewPrivs:", "1",
+                                      "Seccomp:", "2"]
+    running = await first.exec("sleep 30 & echo $!", timeout_s=10, user="root")
+    inner = int(running.output)
+    host_pids = [pid for pid in first.cgroup.pids() if _ns_pid(pid) == inner]
+    assert [uid_of(pid) for pid in host_pids] == [base]  # root inside is host id `base`
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The pid `pid` has in its own (innermost) pid namespace."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["network-none", "network-bridge"])
@@ -212,28 +246,40 @@ async def test_sandboxes_with_network_cannot_reach_each_other(sandboxes):
     assert "tcp listener 0.0.0.0:8080" in (server.leftover_state() or [])
 
 
-async def test_another_agents_workspace_is_unreadable(sandboxes, store):
+@pytest.mark.parametrize("user", ["user", "root"])
+async def test_another_agents_workspace_is_unreadable(sandboxes, store, user):
+    """Docker's remapping gives every container the same host ids, so what keeps one agent
+    from another's files is the mount namespace (another agent's root is not there to open,
+    for root inside either) and, on the host, the roots' owner and mode: owned by the range's
+    root (the persistent directories by its uid 1000), 0700, so no other host uid (a process-backend sandbox's, say) may read them."""
     owner, intruder = await sandboxes("owner"), await sandboxes("intruder")
     wrote = await owner.exec("echo hunter2 > /workspace/secret; echo hunter2 > ~/secret",
                              timeout_s=10)
     assert wrote.exit_code == 0, wrote.output
     root = store.path_for("owner")
     secret = root / "workspace" / "secret"
-    # Inside the intruder's sandbox the owner's root does not exist at all.
-    inside = await intruder.exec(f"cat {secret} {root}/home/secret; ls {root}", timeout_s=10)
-    assert inside.exit_code != 0
+    inside = await intruder.exec(
+        f"cat {secret} {root}/home/secret; ls {root}; "
+        "grep -c . /proc/self/mountinfo >/dev/null && "
+        f"(grep -F {root} /proc/self/mountinfo || echo no mount of it)", timeout_s=10,
+        user=user)
     assert "hunter2" not in inside.output
     assert "No such file or directory" in inside.output
-    # Outside it (an escape from the mount namespace), its host uid still may not read.
-    owner_uid, intruder_uid = uid_of(owner.init_pid), uid_of(intruder.init_pid)
-    for path in (root, root / "workspace", root / "home"):
+    assert "no mount of it" in inside.output
+    found = await intruder.exec("grep -rl hunter2 / --exclude-dir=proc --exclude-dir=sys "
+                                "2>/dev/null | head -3; echo done", timeout_s=60, user=user)
+    assert found.output == "done\n", found.output
+    base = remap_base()
+    owners = {root: base, root / "workspace": base + 1000, root / "home": base + 1000}
+    for path, owner in owners.items():
         st = path.stat()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner_uid, 0o700), path
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner, 0o700), path
+    outsider = 1_999_000_000  # a host uid outside Docker's range
     for argv in (["cat", str(secret)], ["ls", str(root)], ["ls", str(root / "home")]):
-        tried = as_uid(intruder_uid, *argv)
+        tried = as_uid(outsider, *argv)
         assert tried.returncode != 0, argv
         assert "Permission denied" in tried.stderr
-    assert as_uid(owner_uid, "cat", str(secret)).stdout == "hunter2\n"  # the path is right
+    assert secret.read_text() == "hunter2\n"  # the path is right
 
 
 async def test_ipc_objects_stay_in_their_sandbox(sandboxes):
@@ -270,7 +316,8 @@ async def test_a_reused_uid_has_no_way_into_its_previous_agents_workspace(
     assert keys.output == "-1 Operation not permitted\n"
 
 
-async def test_host_processes_are_invisible_and_unsignalable(sandboxes):
+@pytest.mark.parametrize("user", ["user", "root"])
+async def test_host_processes_are_invisible_and_unsignalable(sandboxes, user):
     sandbox = await sandboxes("signaller")
     uid = uid_of(sandbox.init_pid)
     # The worst case: a host process of the sandbox's own uid, which a shared pid
@@ -280,14 +327,15 @@ async def test_host_processes_are_invisible_and_unsignalable(sandboxes):
     try:
         listed = await sandbox.exec(
             "for p in /proc/[0-9]*; do echo ${p#/proc/} $(tr '\\0' ' ' < $p/cmdline); done",
-            timeout_s=10)
+            timeout_s=10, user=user)
         pids = {int(line.split()[0]) for line in listed.output.splitlines()}
         assert bystander.pid not in pids
         assert os.getpid() not in pids
         assert "sleep 300" not in listed.output
         assert "pytest" not in listed.output
         assert max(pids) < 100, listed.output  # the container's own pid namespace
-        killed = await sandbox.exec(f"kill -KILL {bystander.pid}; kill -KILL -1", timeout_s=10)
+        killed = await sandbox.exec(f"kill -KILL {bystander.pid}; kill -KILL -1", timeout_s=10,
+                                    user=user)
         assert "No such process" in killed.output
         with pytest.raises(TimeoutError):  # it would have exited at once
             await asyncio.wait_for(asyncio.shield(bystander.wait()), 0.5)
@@ -308,20 +356,27 @@ async def test_pids_exhaustion_stays_in_its_sandbox(sandboxes):
     assert spawned.output == "spawned 40\n"
 
 
-async def test_inotify_exhaustion_stays_with_its_uid(sandboxes):
+async def test_inotify_exhaustion_stays_in_its_container(sandboxes):
+    """Each container's user namespace caps its users' inotify instances
+    (`CONTAINER_USER_LIMITS`), so a hog takes only its share of what host root's limit
+    (which counts every remapped container) allows, and a neighbour still gets its own."""
+    from tenon.sandbox.docker_root import CONTAINER_USER_LIMITS
+
+    cap = CONTAINER_USER_LIMITS["max_inotify_instances"]
     hog, neighbour = await sandboxes("hog"), await sandboxes("neighbour")
-    limit = int(await asyncio.to_thread(
-        Path("/proc/sys/fs/inotify/max_user_instances").read_text))
     holding = await hog.exec(
         f"{python_command(_INOTIFY_HOG, 'hold')} > /tmp/held 2>&1 & "
         "while [ ! -s /tmp/held ]; do sleep 0.05; done; cat /tmp/held", timeout_s=30)
     num_held, reason = holding.output.split(maxsplit=1)
-    assert 0 < int(num_held) <= limit
+    assert 0 < int(num_held) <= cap
     assert reason.strip() == "Too many open files"
     again = await hog.exec(python_command(_INOTIFY_HOG), timeout_s=30)
-    assert again.output.split()[0] == "0"  # its uid's instances are used up
+    assert again.output.split()[0] == "0"  # its user's instances are used up
+    raised = await hog.exec(f"echo {cap * 4} > /proc/sys/user/max_inotify_instances",
+                            timeout_s=10, user="root")
+    assert raised.exit_code != 0  # root inside cannot lift its own cap
     other = await neighbour.exec(python_command(_INOTIFY_HOG), timeout_s=30)
-    assert int(other.output.split()[0]) > limit // 2, other.output
+    assert int(other.output.split()[0]) > cap // 2, other.output
 
 
 async def test_memory_backed_dirs_fill_up_at_their_cap(sandboxes):
@@ -337,19 +392,72 @@ async def test_memory_backed_dirs_fill_up_at_their_cap(sandboxes):
         await sandbox.exec(f"rm {directory}/fill", timeout_s=10)
 
 
-WRITE_TARGETS = ["/tenon-escape", "/etc/tenon-escape", "/etc/passwd", "/etc/hosts",
-                 "/usr/bin/tenon-escape", "/var/tmp/tenon-escape", "/root/tenon-escape",
-                 "/opt/tenon-escape", "/run/tenon-escape", "/dev/tenon-escape",
-                 "/sys/fs/cgroup/tenon-escape", "/proc/sys/kernel/hostname"]
+# Places of the image a command may not write as the default user: they stay the image's.
+IMAGE_TARGETS = ["/tenon-escape", "/etc/tenon-escape", "/etc/passwd", "/etc/hosts",
+                 "/usr/bin/tenon-escape", "/root/tenon-escape", "/opt/tenon-escape"]
+# Places neither the user nor root inside may write: the host's or the kernel's.
+KERNEL_TARGETS = ["/dev/tenon-escape", "/sys/fs/cgroup/tenon-escape",
+                  "/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/sys/kernel/tenon"]
 
 
-async def test_writes_outside_the_persistent_dirs_fail(sandboxes):
+@pytest.mark.parametrize("user", ["user", "root"])
+async def test_writes_reach_only_the_agents_own_layers(sandboxes, store, user):
+    """The root is writable, into the agent's own upper layer only: as the default user only
+    where the image lets it (/var/tmp), as root anywhere of the image; never /dev, /sys or the
+    kernel's files, as either."""
     sandbox = await sandboxes("writer")
-    for path in WRITE_TARGETS:
-        tried = await sandbox.exec(f"echo x >> {path}", timeout_s=10)
+    denied = KERNEL_TARGETS + (IMAGE_TARGETS if user == "user" else [])
+    for path in denied:
+        tried = await sandbox.exec(f"echo x >> {path}", timeout_s=10, user=user)
         assert tried.exit_code != 0, path
-        assert ("Read-only file system" in tried.output
-                or "Permission denied" in tried.output), tried.output
+        assert any(reason in tried.output for reason in (
+            "Read-only file system", "Permission denied", "No such file or directory",
+            "Directory nonexistent")), \
+            tried.output
+    allowed = ["/var/tmp/tenon-w"] + (IMAGE_TARGETS if user == "root" else [])
+    wrote = await sandbox.exec(" && ".join(f"echo x >> {path}" for path in allowed)
+                               + " && echo ok", timeout_s=10, user=user)
+    assert wrote.output == "ok\n", wrote.output
+    upper = store.path_for("writer") / "upper"
+    for path in allowed:
+        assert (upper / path.lstrip("/")).read_text().endswith("x\n"), path
     kept = await sandbox.exec("touch /workspace/w /home/user/h /tmp/t && echo ok", timeout_s=10)
     assert kept.output == "ok\n"
     assert sandbox.leftover_state() == []
+
+
+# Each line tries one privileged operation from root inside and prints its outcome.
+_ROOT_ESCAPES = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def tried(name, ret):
+    print(name, "ok" if ret == 0 else errno.errorcode[ctypes.get_errno()])
+tried("mount", libc.mount(b"none", b"/mnt", b"tmpfs", 0, None))
+tried("bind-host", libc.mount(b"/proc/1/root", b"/mnt", None, 4096, None))
+tried("init_module", libc.syscall(175, None, 0, b""))
+tried("unshare-user", libc.unshare(0x10000000))
+tried("unshare-mount", libc.unshare(0x20000))
+tried("setns-host-net", libc.setns(os.open("/proc/1/ns/net", os.O_RDONLY), 0))
+tried("chroot-out", libc.chroot(b"/proc/1/root/.."))
+tried("reboot", libc.reboot(0x4321FEDC))
+tried("swapoff", libc.swapoff(b"/"))
+tried("settime", libc.clock_settime(0, (ctypes.c_long * 2)(0, 0)))
+tried("mknod-disk", libc.mknod(b"/tmp/sda", 0o60600, os.makedev(8, 0)))
+"""
+
+
+async def test_root_inside_cannot_use_host_privileges(sandboxes):
+    """Root of the container's user namespace has Docker's default capabilities over that
+    namespace only: mounting, loading a module, new namespaces, the time, a raw disk and
+    rebooting are all refused (by the capability set or Docker's seccomp profile)."""
+    sandbox = await sandboxes("rooted")
+    result = await sandbox.exec(python_command(_ROOT_ESCAPES), timeout_s=30, user="root")
+    outcomes = dict(line.split() for line in result.output.splitlines())
+    allowed_anyway = {"setns-host-net", "chroot-out"}  # its own namespace and root: harmless
+    refused = {name: outcome for name, outcome in outcomes.items() if name not in allowed_anyway}
+    assert len(outcomes) == 11, result.output
+    assert all(outcome in {"EPERM", "EACCES"} for outcome in refused.values()), outcomes
+    # The file a refused mknod would have made, and a raw disk, are not there.
+    listed = await sandbox.exec("ls /tmp/sda /dev/sda 2>&1 | wc -l; ls /dev", timeout_s=10,
+                                user="root")
+    assert "sda" not in listed.output.split("\n", 1)[1]

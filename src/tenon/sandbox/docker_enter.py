@@ -3,9 +3,14 @@
 Run by the Docker backend as host root, as its own single-threaded process (setns into a
 mount namespace refuses a threaded caller), with nothing but the standard library:
 
-    python -S docker_enter.py <init pid> <move>... -- <read-only>...
+    python -S docker_enter.py <init pid> [--limit <name>=<value>]... <move>... -- <read-only>...
 
-It joins the container's mount namespace, moves Docker's mounts named in <move> (/proc,
+Each --limit first sets one of the per-user limits of the container's user namespace
+(/proc/sys/user/<name>, from a child that joined that namespace: the file shows the values of
+the reader's namespace). Under Docker's user-namespace remapping every container's namespace is
+owned by host root, so what its users hold of a limit counted per user (inotify instances and
+watches) is also counted against host root's limit on the host: the cap here keeps one
+container from taking all of it. Then it joins the container's mount namespace, moves Docker's mounts named in <move> (/proc,
 /dev, /sys, the persistent binds...) from the placeholder root into the new root, pivots
 onto it (every process of the namespace whose root was the old one follows: docker-init
 and its idle child), detaches the old root, and remounts each <read-only> path read-only,
@@ -49,6 +54,29 @@ def _mount(source: str | None, target: str, flags: int) -> None:
     _check(ret, f"mount {source or ''} {target}")
 
 
+def set_user_limits(init_pid: int, limits: dict[str, int]) -> None:
+    """Write `limits` into the container's user namespace, from a child joined to it."""
+    if not limits:
+        return
+    fd = os.open(f"/proc/{init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit code
+        code = 1
+        try:
+            _check(_libc.setns(fd, 0x10000000), "setns into the user namespace")  # CLONE_NEWUSER
+            for name, value in limits.items():
+                with open(f"/proc/sys/user/{name}", "w") as limit:
+                    limit.write(str(value))
+            code = 0
+        except (EnterError, OSError) as exc:
+            print(f"docker_enter: user limit: {exc}", file=sys.stderr)
+        os._exit(code)
+    os.close(fd)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise EnterError(f"setting the user limits {sorted(limits)} of {init_pid} failed")
+
+
 def enter(init_pid: int, moves: list[str], readonly: list[str]) -> None:
     fd = os.open(f"/proc/{init_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     _check(_libc.setns(fd, _CLONE_NEWNS), f"setns into the mount namespace of {init_pid}")
@@ -71,7 +99,14 @@ def enter(init_pid: int, moves: list[str], readonly: list[str]) -> None:
 def main(argv: list[str]) -> int:
     try:
         split = argv.index("--")
-        enter(int(argv[0]), argv[1:split], argv[split + 1:])
+        init_pid, rest = int(argv[0]), argv[1:split]
+        limits: dict[str, int] = {}
+        while rest[:1] == ["--limit"]:
+            name, value = rest[1].split("=", 1)
+            limits[name] = int(value)
+            rest = rest[2:]
+        set_user_limits(init_pid, limits)
+        enter(init_pid, rest, argv[split + 1:])
     except (EnterError, OSError, ValueError, IndexError) as exc:
         print(f"docker_enter: {exc}", file=sys.stderr)
         return 1

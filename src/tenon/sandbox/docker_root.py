@@ -213,9 +213,18 @@ def unmount_root(merged: Path) -> None:
         merged.rmdir()
 
 
+# Per-user limits of each container's user namespace (/proc/sys/user): with remapping, what the
+# container's users hold is also counted against host root's limit (docker_enter's docstring), so
+# each container gets a share; setup raises the host's limit to fit many containers.
+CONTAINER_USER_LIMITS = {"max_inotify_instances": 32, "max_inotify_watches": 65536}
+
+
 def enter_root(init_pid: int, moves: list[str], readonly: list[str]) -> None:
-    """Pivot the container of `init_pid` onto its tree (`docker_enter`)."""
-    argv = [sys.executable, "-S", str(_ENTER_SCRIPT), str(init_pid), *moves, "--", *readonly]
+    """Cap the container's per-user limits and pivot it onto its tree (`docker_enter`)."""
+    limits = [arg for name, value in CONTAINER_USER_LIMITS.items()
+              for arg in ("--limit", f"{name}={value}")]
+    argv = [sys.executable, "-S", str(_ENTER_SCRIPT), str(init_pid), *limits, *moves, "--",
+            *readonly]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=_ENTER_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
