@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import SandboxError
-from tenon.sandbox.uids import UidAllocator
+from tenon.sandbox.uids import IdRangeAllocator, UidAllocator
 
 
 def make_allocator(tmp_path: Path, *, first: int = 200_000, num_uids: int = 4) -> UidAllocator:
@@ -80,3 +80,38 @@ def test_the_default_range_is_clear_on_this_host():
 def test_bad_ranges_are_refused(first, num_uids):
     with pytest.raises(ValueError, match="uid range"):
         UidAllocator(first, num_uids)
+
+
+def make_ranges(tmp_path: Path, num_ranges: int = 3) -> IdRangeAllocator:
+    return IdRangeAllocator(1_000_000, num_ranges, lock_dir=tmp_path / "ranges",
+                            etc=tmp_path / "etc")
+
+
+def test_id_ranges_are_disjoint_blocks_of_65536_reused_by_preference(tmp_path):
+    ranges = make_ranges(tmp_path)
+    held = [ranges.acquire() for _ in range(3)]
+    assert held == [1_000_000, 1_065_536, 1_131_072]
+    with pytest.raises(SandboxError, match="all 3"):
+        ranges.acquire()
+    ranges.release(held[1])
+    assert ranges.acquire(preferred=1_000_001) == held[1]  # not a range's start: ignored
+    ranges.release(held[2])
+    assert ranges.acquire(preferred=held[2]) == held[2]  # an agent's previous range back
+    assert 1_000_001 not in ranges
+    assert held[2] in ranges
+
+
+def test_id_range_check_covers_every_id_of_every_range(tmp_path):
+    etc = tmp_path / "etc" / "etc"
+    etc.mkdir(parents=True)
+    (etc / "passwd").write_text("svc:x:1100000:1100000::/:/bin/sh\n")  # inside range 1
+    (etc / "subuid").write_text("alice:1196607:10\n")  # overlaps the end of range 2
+    problems = make_ranges(tmp_path).check()
+    assert len(problems) == 2
+
+
+def test_id_ranges_follow_the_per_sandbox_uids():
+    first = IdRangeAllocator()
+    uids = UidAllocator()
+    assert first.first == uids.first + uids.num_uids
+    assert first.check() == []

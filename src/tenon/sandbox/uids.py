@@ -1,15 +1,20 @@
-"""Host uids for live sandboxes: one per sandbox, from a fixed range nobody else uses.
+"""Host ids for live sandboxes, from a fixed range nobody else uses: one uid per sandbox
+(`UidAllocator`, the Docker backend), or one range of 65536 ids per sandbox
+(`IdRangeAllocator`, the process backend, whose user namespace maps 0..65535 onto it).
 
-A sandbox's processes run as its own unprivileged host uid (gid the same number), so
-per-user kernel limits (inotify instances and watches, RLIMIT_NPROC, message-queue bytes,
-user namespaces) are per sandbox, and one sandbox's files are not another's.
+A sandbox's processes run as host ids of its own (gid the same number), so per-user kernel
+limits (inotify instances and watches, RLIMIT_NPROC, message-queue bytes, user namespaces)
+are per sandbox, and one sandbox's files are not another's.
 
 The range is `FIRST_UID` .. `FIRST_UID + NUM_UIDS - 1` (1,700,000,000 .. 1,700,065,535):
 far above the ids distributions hand out to users (below 60000) and to subordinate ranges
 (useradd's default SUB_UID_MAX is 600,100,000); `check()` reports a clash with
 /etc/passwd, /etc/group, /etc/subuid or /etc/subgid anyway.
 
-A uid is held by an exclusive flock(2) on `LOCK_DIR/<uid>` for as long as its sandbox
+The id ranges follow: 1,700,065,536 + k * 65536 for k below `NUM_RANGES`.
+
+A uid (a range: its first id) is held by an exclusive flock(2) on `LOCK_DIR/<uid>`
+(`RANGE_LOCK_DIR/<first id>`) for as long as its sandbox
 lives, so every controller on the host (and a test run beside a service) draws from the
 same pool; the kernel drops the lock if the holder dies. Release unlinks the file, and
 acquiring re-checks that the locked file is still the one at that path.
@@ -42,6 +47,8 @@ _SUBORDINATE_FILES = ("/etc/subuid", "/etc/subgid")
 
 class UidAllocator:
     """Hands out host uids for live sandboxes; thread-safe and shared across processes."""
+
+    _what = "sandbox uids"
 
     def __init__(self, first: int = FIRST_UID, num_uids: int = NUM_UIDS,
                  lock_dir: Path = LOCK_DIR, etc: Path = Path("/")) -> None:
@@ -103,7 +110,7 @@ class UidAllocator:
                 if self._try(uid):
                     self._next = ((uid - self.first) // self._stride + 1) % self.num_uids
                     return uid
-        raise SandboxError(f"all {self.num_uids} sandbox uids from {self.first} are in use")
+        raise SandboxError(f"all {self.num_uids} {self._what} from {self.first} are in use")
 
     def _try(self, uid: int) -> bool:
         if uid in self._held:
@@ -151,6 +158,7 @@ class IdRangeAllocator(UidAllocator):
             raise ValueError(f"id ranges {first}+{num_ranges}x{RANGE_IDS} must lie in "
                              f"65536..2^32-2")
         super().__init__(first, 1, lock_dir, etc)
+        self._what = "sandbox id ranges"
         self.num_uids = num_ranges
         self._stride = RANGE_IDS
 
