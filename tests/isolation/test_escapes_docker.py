@@ -251,7 +251,8 @@ async def test_another_agents_workspace_is_unreadable(sandboxes, store, user):
     """Docker's remapping gives every container the same host ids, so what keeps one agent
     from another's files is the mount namespace (another agent's root is not there to open,
     for root inside either) and, on the host, the roots' owner and mode: owned by the range's
-    root (the persistent directories by its uid 1000), 0700, so no other host uid (a process-backend sandbox's, say) may read them."""
+    root (the persistent directories by its uid 1000), 0700, so no other host uid (a
+    process-backend sandbox's, say) may read them."""
     owner, intruder = await sandboxes("owner"), await sandboxes("intruder")
     wrote = await owner.exec("echo hunter2 > /workspace/secret; echo hunter2 > ~/secret",
                              timeout_s=10)

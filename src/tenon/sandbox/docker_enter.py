@@ -10,12 +10,12 @@ Each --limit first sets one of the per-user limits of the container's user names
 the reader's namespace). Under Docker's user-namespace remapping every container's namespace is
 owned by host root, so what its users hold of a limit counted per user (inotify instances and
 watches) is also counted against host root's limit on the host: the cap here keeps one
-container from taking all of it. Then it joins the container's mount namespace, moves Docker's mounts named in <move> (/proc,
-/dev, /sys, the persistent binds...) from the placeholder root into the new root, pivots
-onto it (every process of the namespace whose root was the old one follows: docker-init
-and its idle child), detaches the old root, and remounts each <read-only> path read-only,
-keeping its other flags. A `docker exec` then joins a namespace whose root is the tree.
-Exit 0, or 1 with one line naming the step that failed.
+container from taking all of it. Then it joins the container's mount namespace, moves
+Docker's mounts named in <move> (/proc, /dev, /sys, the persistent binds...) from the
+placeholder root into the new root, pivots onto it (every process of the namespace whose
+root was the old one follows: docker-init and its idle child), detaches the old root, and
+remounts each <read-only> path read-only, keeping its other flags. A `docker exec` then
+joins a namespace whose root is the tree. Exit 0, or 1 with one line naming the step that failed.
 """
 
 from __future__ import annotations
