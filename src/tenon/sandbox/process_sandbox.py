@@ -37,11 +37,12 @@ from tenon.sandbox.base import (
 )
 from tenon.sandbox.uids import IdRangeAllocator
 from tenon.sandbox.usernet import UserNet
-from tenon.sandbox.users import ImageConfig, SandboxUser, resolve_user
+from tenon.sandbox.users import ImageConfig, SandboxUser, UnknownUser, resolve_user
 
 logger = logging.getLogger(__name__)
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+UNKNOWN_USER_EXIT_CODE = 126  # what `docker exec -u` answers for a user it cannot find
 OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may keep the pipe
 _HELD_POLL_S = 0.02  # how often a SIGKILL asked for while the gate holds the sandbox looks again
 # Mounts an action may write through besides the spec's disposable paths: the overlay root
@@ -200,7 +201,14 @@ class ProcessSandbox:
     async def exec(self, command: str, *, timeout_s: float,
                    max_output_bytes: int = 65536, io: ExecIO | None = None) -> ExecResult:
         self._ensure_usable()
-        argv, env = self._command(command, io)
+        try:
+            argv, env = self._command(command, io)
+        except UnknownUser as exc:  # as `docker exec -u`: the command fails, the sandbox is fine
+            message = f"{exc}\n".encode()
+            if io is not None and io.on_stderr is not None:
+                io.on_stderr(message)
+            return ExecResult(exit_code=UNKNOWN_USER_EXIT_CODE, output=message.decode(),
+                              truncated=False, duration_s=0.0)
         exec_id = env[EXEC_ID_VAR]
         start = time.perf_counter()
         output = OutputBuffer(max_output_bytes)

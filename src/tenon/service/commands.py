@@ -28,7 +28,8 @@ NO_TIMEOUT_S = 7 * 24 * 3600.0  # a command with no deadline still has one for t
 
 @dataclass(frozen=True)
 class CommandSpec:
-    """What a client asked to run: `cmd` with `args`, `envs` added, in `cwd`."""
+    """What a client asked to run: `cmd` with `args`, `envs` added, in `cwd`, as `user`
+    (None: the sandbox's default user)."""
 
     cmd: str
     args: tuple[str, ...] = ()
@@ -36,6 +37,7 @@ class CommandSpec:
     cwd: str | None = None
     tag: str | None = None
     stdin: bool = False
+    user: str | None = None
 
     def shell_line(self) -> str:
         """The command line the sandbox's /bin/sh runs (exec: no extra shell stays)."""
@@ -108,7 +110,7 @@ class Command:
         io = ExecIO(on_stdout=lambda data: self._publish(("stdout", data)),
                     on_stderr=lambda data: self._publish(("stderr", data)),
                     stdin=self.spec.stdin, cwd=self.spec.cwd, env=dict(self.spec.envs),
-                    on_start=self._on_start)
+                    on_start=self._on_start, user=self.spec.user)
         self._task = asyncio.ensure_future(self._run(run, io, timeout_s))
 
     async def _run(self, run: Runner, io: ExecIO, timeout_s: float) -> None:

@@ -3,6 +3,7 @@ start, attach to, list, feed and signal a sandbox's commands."""
 
 from __future__ import annotations
 
+import base64
 import signal
 from collections.abc import AsyncIterator
 
@@ -18,6 +19,8 @@ from tenon.service.errors import ServiceError
 from tenon.service.sessions import Session, SessionManager
 
 SANDBOX_HEADER = "e2b-sandbox-id"
+# The SDK names the user a command runs as in "Authorization: Basic base64(user:)".
+AUTH_HEADER = "authorization"
 TOKEN_HEADER = "x-access-token"
 KEEPALIVE_HEADER = "keepalive-ping-interval"
 DEFAULT_KEEPALIVE_S = 50.0
@@ -69,7 +72,8 @@ class ProcessService:
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "the process has no cmd")
         spec = CommandSpec(config.cmd, tuple(config.args), dict(config.envs), config.cwd or None,
-                           request.tag or None, bool(request.stdin))
+                           request.tag or None, bool(request.stdin),
+                           basic_auth_user(ctx.request_headers.get(AUTH_HEADER)))
         timeout_ms = ctx.timeout_ms
         timeout_s = timeout_ms / 1000 if timeout_ms else NO_TIMEOUT_S
         sessions = self._sessions
@@ -135,6 +139,22 @@ class ProcessService:
         command = self._command(self._session(ctx), request.process)  # type: ignore[arg-type]
         await command.close_stdin()
         return pb.CloseStdinResponse()
+
+
+def basic_auth_user(header: str | None) -> str | None:
+    """The user of a "Basic base64(user:)" Authorization header (None without one);
+    INVALID_ARGUMENT when it is malformed."""
+    if not header:
+        return None
+    scheme, _, encoded = header.partition(" ")
+    try:
+        if scheme.lower() != "basic":
+            raise ValueError(scheme)
+        user = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")[0]
+    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise ConnectError(Code.INVALID_ARGUMENT,
+                           "the Authorization header is not Basic base64(user:)") from exc
+    return user or None
 
 
 async def _write(command: Command, data: pb.ProcessInput | None) -> None:
