@@ -462,3 +462,25 @@ async def test_root_inside_cannot_use_host_privileges(sandboxes):
     listed = await sandbox.exec("ls /tmp/sda /dev/sda 2>&1 | wc -l; ls /dev", timeout_s=10,
                                 user="root")
     assert "sda" not in listed.output.split("\n", 1)[1]
+
+
+# Root inside tries to take the loopback down (SIOCSIFFLAGS), the least any change of the
+# namespace's network configuration (nftables rules included) needs: CAP_NET_ADMIN over the
+# network namespace, which Docker made in the host's user namespace.
+_NET_ADMIN = """
+import ctypes, errno, fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", 0))
+    print("changed")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", b"lo", 0)))[1]
+print("lo up" if flags & 1 else "lo down")
+"""
+
+
+async def test_root_inside_cannot_change_its_network_namespace(sandboxes):
+    sandbox = await sandboxes("netadmin", network=True)
+    tried = await sandbox.exec(python_command(_NET_ADMIN), timeout_s=30, user="root")
+    assert tried.output.split() == ["EPERM", "lo", "up"], tried.output
