@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -102,6 +103,14 @@ AgentResidency = Literal["new", "resident", "busy", "frozen", "torn_down", "resi
 
 
 
+def with_user(io: ExecIO | None, user: str | None) -> ExecIO | None:
+    """`io` set to run as `user` (a new `ExecIO` when there is none); `io` as it is when no
+    user is named."""
+    if user is None:
+        return io
+    return ExecIO(user=user) if io is None else dataclasses.replace(io, user=user)
+
+
 class Agent:
     """A logical agent: its workspace and trajectory outlive any one physical sandbox."""
 
@@ -143,6 +152,7 @@ class Agent:
         max_output_bytes: int = 65536,
         issued_command: str | None = None,
         io: ExecIO | None = None,
+        user: str | None = None,
     ) -> ActionResult:
         """Run one action; returns its output, exit code, outcome and memory figures.
 
@@ -151,11 +161,13 @@ class Agent:
         and the workflow's history see the issued command, never the stand-in, whose
         arguments are the very figures being predicted. `io` makes it an interactive
         command (streams, stdin, signals: `ExecIO`); it is still one predicted, admitted
-        and gated action.
+        and gated action. `user` runs it as that user of the sandbox ("root": root inside
+        the sandbox only; None: the default unprivileged user), as `ExecIO.user` does.
         """
         return await self._runtime.run_action(
             self._state, command, timeout_s=timeout, action_class=action_class,
-            max_output_bytes=max_output_bytes, issued_command=issued_command, io=io,
+            max_output_bytes=max_output_bytes, issued_command=issued_command,
+            io=with_user(io, user),
         )
 
     async def run_alongside(
@@ -165,6 +177,7 @@ class Agent:
         timeout: float,  # noqa: ASYNC109 - enforced by the backend
         io: ExecIO | None = None,
         max_output_bytes: int = 65536,
+        user: str | None = None,
     ) -> ExecResult:
         """Run `command` in the agent's live sandbox next to the action in flight, with no
         admission of its own: its memory is in the sandbox's cgroup, which the action's
@@ -174,7 +187,8 @@ class Agent:
         torn down while it runs, and a boundary it outlives is resident-only.
         """
         return await self._runtime.run_alongside(
-            self._state, command, timeout_s=timeout, io=io, max_output_bytes=max_output_bytes)
+            self._state, command, timeout_s=timeout, io=with_user(io, user),
+            max_output_bytes=max_output_bytes)
 
     async def close(self, *, delete_workspace: bool = True) -> None:
         """End the workflow: destroy the sandbox, drop the record, free the workflow's place."""
@@ -616,6 +630,7 @@ class Runtime:
         max_output_bytes: int,
         issued_command: str | None = None,
         io: ExecIO | None = None,
+        user: str | None = None,
     ) -> ActionResult:
         if state.closed or self._closed:
             raise AgentClosed(f"agent {state.agent_id} is closed")
