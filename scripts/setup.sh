@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything Tenon needs on a fresh Debian machine (run as root):
 # Debian packages, a virtualenv with pinned dependencies, a running dockerd,
-# and the base image (rootfs for the process backend + Docker image).
+# and the built-in images (in the image store /var/lib/tenon/images, and in Docker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -118,6 +118,9 @@ log "building the sandbox launcher"
 log "building the tree walker"
 .venv/bin/python -m tenon.host.treewalk build >/dev/null
 
-# Base image: built locally from Debian packages, never pulled.
-log "ensuring the base image"
+# The built-in images (tenon-base:bookworm, tenon-python:bookworm): built locally from Debian
+# packages with mmdebstrap, never pulled; kept while their package lists hold. They go to the
+# image store every runtime shares (/var/lib/tenon/images, or $TENON_IMAGE_DIR) and into
+# Docker, where a Dockerfile can start FROM them.
+log "ensuring the built-in images"
 .venv/bin/tenon image build

@@ -243,18 +243,20 @@ class ImageStore:
             return [image_id] if self._trash_if_unnamed(image_id) else []
 
     def prune(self) -> list[str]:
-        """Delete the content in trash/ that no process on this host has as its root;
-        returns what was deleted."""
+        """Delete the content in trash/ that no process on this host has as its root and no
+        mount table names; returns what was deleted."""
         trash = self.root / "trash"
         if not trash.is_dir():
             return []
-        roots = _process_roots()
+        roots, mounts = _in_use()
         deleted = []
         with self.locked():
             for entry in sorted(trash.iterdir()):
-                rootfs = entry / "rootfs"
+                image_id = entry.name.split(".", 1)[0]
+                if image_id in mounts:
+                    continue
                 with contextlib.suppress(OSError):
-                    st = rootfs.stat()
+                    st = (entry / "rootfs").stat()
                     if (st.st_dev, st.st_ino) in roots:
                         continue
                 shutil.rmtree(entry)
@@ -266,16 +268,20 @@ def _never(rootfs: Path) -> ImageMeta:
     raise ImageNotFound(f"no content to extract into {rootfs}")
 
 
-def _process_roots() -> set[tuple[int, int]]:
-    """(device, inode) of every process's root directory: a process sandbox's is the image's
-    rootfs it bind-mounts."""
+def _in_use() -> tuple[set[tuple[int, int]], str]:
+    """(device, inode) of every process's root directory (a sandbox that bind-mounts an
+    image's rootfs as its root), and every mount table of the host's processes (an overlay
+    names its lower directory in its options)."""
     roots = set()
+    tables = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             with contextlib.suppress(OSError):
                 st = os.stat(f"/proc/{pid}/root")
                 roots.add((st.st_dev, st.st_ino))
-    return roots
+            with contextlib.suppress(OSError):
+                tables.append(Path(f"/proc/{pid}/mountinfo").read_text())
+    return roots, "\n".join(tables)
 
 
 def image_store(where: Path | None = None) -> ImageStore:
