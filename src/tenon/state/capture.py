@@ -27,13 +27,11 @@ from pathlib import Path
 from tenon.errors import ConfigError, HostError, WorkspaceError
 from tenon.host import treewalk
 from tenon.host.treewalk import Header
+from tenon.sandbox.base import OVERLAY_WORK_DIR
 from tenon.state.filehash import HashBudget, HashBudgetExceeded, block_digest, plain_sha256
 from tenon.state.manifest import MANIFEST_VERSION, Manifest, ManifestEntry
 from tenon.units import GIB
 
-# overlayfs directories inside a persistent root (sandbox/base.py names them for backends)
-OVERLAY_UPPER_DIR = "upper"
-OVERLAY_WORK_DIR = "work"
 NOT_CAPTURED = (OVERLAY_WORK_DIR,)
 RACY_WINDOW_NS = 50_000_000
 _REFUSED_KINDS = {"c": "a character device", "b": "a block device", "p": "a fifo",
