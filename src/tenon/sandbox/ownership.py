@@ -43,7 +43,7 @@ def hide_persistent_root(root: Path) -> None:
 # Owner and mode, in canonical ids (as the sandbox sees them), of each subdirectory of a
 # persistent root that a sandbox with a user namespace (the process backend) mounts.
 _CANONICAL_DIRS: dict[str, tuple[int, int]] = {
-    "workspace": (1000, 0o755), "home": (1000, 0o700), "tmp": (0, 0o1777),
+    "workspace": (1000, 0o755), "home": (1000, 0o700), "tmp": (1000, 0o1777),
     OVERLAY_UPPER_DIR: (0, 0o755), OVERLAY_WORK_DIR: (0, 0o700),
 }
 _MAX_CANONICAL_ID = 65535
