@@ -36,13 +36,8 @@ from typing import Any
 from tenon.errors import ConfigError, WorkspaceError
 from tenon.host import diskfs
 from tenon.host.diskfs import DiskLimits, DiskUsage
-from tenon.sandbox.base import PERSISTENT_MOUNTS
-from tenon.state.capture import (
-    OVERLAY_WORK_DIR,
-    CaptureLimits,
-    Hasher,
-    ScanResult,
-)
+from tenon.sandbox.base import OVERLAY_WORK_DIR, PERSISTENT_MOUNTS
+from tenon.state.capture import CaptureLimits, Hasher, ScanResult
 from tenon.state.capture import fsync_path as _fsync_path
 from tenon.state.capture import scan as _scan
 from tenon.state.filehash import block_digest
