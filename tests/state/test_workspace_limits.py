@@ -282,7 +282,8 @@ async def test_another_uid_cannot_read_a_sandbox_workspace(backend, store):
     finally:
         await sandbox.destroy()
     assert wrote.output == "API_KEY=hunter2\n"  # the sandbox itself reads it
-    assert (root / "workspace").stat().st_uid == sandbox.host_uid
+    assert (root / "workspace").stat().st_uid == 1000  # the default user's canonical id
+    assert (root.stat().st_uid, root.stat().st_mode & 0o777) == (0, 0o700)
     for argv in (["cat", str(root / "workspace" / ".env")], ["ls", str(root)],
                  ["ls", str(store.root)]):
         tried = as_other_uid(*argv)
