@@ -27,7 +27,7 @@ from tenon.runtime.controller import Runtime
 from tenon.runtime.handoff import Handoff, adopt_agent, forget_agent, release_agent, take_over
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import AgentClosed
-from tenon.sandbox.uids import shared_allocator
+from tenon.sandbox.uids import shared_allocator, shared_range_allocator
 from tenon.state.recovery import RecoveryRecord, RecoveryStore
 from tenon.state.statedir import StateDirBusy
 from tenon.state.workspace import WorkspaceStore
@@ -64,6 +64,7 @@ def assert_nothing_left(base: Path, domains: list[str]) -> None:
         time.sleep(0.05)
     assert not any(base in f.parents for f in diskfs.loop_devices().values())
     assert shared_allocator().held() == []
+    assert shared_range_allocator().held() == []
 
 
 def domain_of(run_dir: Path) -> str:

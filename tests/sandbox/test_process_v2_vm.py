@@ -1,4 +1,4 @@
-"""The process backend (bubblewrap) on a pure cgroup v2 hierarchy, in the test VM: sandboxes
+"""The process backend (tenon-launch) on a pure cgroup v2 hierarchy, in the test VM: sandboxes
 in a domain run, are measured, held and let go through their meter, die of an OOM kill
 attributed to them, stay out of the host's cgroup tree and of each other's files, and leave
 nothing behind."""
@@ -61,7 +61,7 @@ async def test_sandboxes_live_in_their_own_v2_cgroups_and_are_measured(domain, m
     for sandbox in (first, second):
         directory = CGROUP_ROOT / domain.name / sandbox.spec.sandbox_id
         assert set(sandbox.cgroup.dirs.values()) == {directory}
-        assert sandbox.init_pid in sandbox.cgroup.pids()
+        assert sandbox.child_pid in sandbox.cgroup.pids()
         assert (directory / "pids.max").read_text().strip() == "128"
     assert set(first.cgroup.pids()).isdisjoint(second.cgroup.pids())
     assert sorted(domain.sandbox_ids()) == sorted([first.spec.sandbox_id,
@@ -170,7 +170,7 @@ async def test_destroy_leaves_no_process_and_no_cgroup(domain, make):
     sandbox = await make("doomed")
     await run(sandbox, "sleep 300 & (setsid sleep 301 &) ; true")
     pids = sandbox.cgroup.pids()
-    assert len(pids) >= 4  # bwrap's pid 1, the init, two leftovers
+    assert len(pids) >= 4  # the launcher, its pid 1 (the reaper), two leftovers
     directory = CGROUP_ROOT / domain.name / sandbox.spec.sandbox_id
     await sandbox.destroy()
     assert not directory.exists()
