@@ -103,7 +103,7 @@ def _listening(port: int) -> bool:
 class Server:
     """The README's `tenon serve` line, started in the background."""
 
-    def __init__(self, line: str, env: dict[str, str]) -> None:
+    def __init__(self, line: str, env: dict[str, str], log: Path) -> None:
         command = line.split("#", 1)[0].strip()
         args = shlex.split(command)
         self.state_dir = Path(args[args.index("--state-dir") + 1])
@@ -111,16 +111,17 @@ class Server:
         if _listening(self.port):
             pytest.fail(f"port {self.port} is taken: the README's server cannot start")
         self.existed = self.state_dir.exists()
-        self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], env=env,
-                                     start_new_session=True, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], env=env,
+                                         start_new_session=True, stdout=out,
+                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + SERVER_START_S
         while not _listening(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                pytest.fail(f"`{command}` did not start listening:\n{self.output}")
+                pytest.fail(f"`{command}` did not start listening:\n{log.read_text()}")
             time.sleep(0.2)
-        self.output = ""
 
     def kill_sandboxes(self, env: dict[str, str]) -> None:
         url, key = env.get("E2B_API_URL"), env.get("E2B_API_KEY")
@@ -138,7 +139,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        self.output = self.proc.stdout.read() if self.proc.stdout else ""
         if not self.existed:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -147,7 +147,7 @@ def _start_server(block: Block, env: dict[str, str], cwd: Path) -> Server:
     """Start the block's `tenon serve` line; run its other lines and keep what they export."""
     lines = block.code.splitlines()
     serve = next(line for line in lines if line.lstrip().startswith("tenon serve "))
-    server = Server(serve, env)
+    server = Server(serve, env, cwd / "serve.log")
     rest = "\n".join(line for line in lines if line is not serve)
     exported = _run(Block("bash", f"{rest}\nenv -0", block.line, None), env, cwd)
     env.update(item.split("=", 1) for item in exported.split("\0") if "=" in item)

@@ -97,7 +97,10 @@ def image_import(
 def image_list(image_dir: ImageDir = None) -> None:
     """The images of the store: name, content id, size, created, source."""
     store = _store(image_dir)
-    table = Table("name", "id", "size", "created", "source")
+    table = Table()
+    for column in ("name", "id", "size", "created"):  # whole; the source folds
+        table.add_column(column, no_wrap=True)
+    table.add_column("source", overflow="fold")
     for stored in store.images():
         created = datetime.datetime.fromtimestamp(stored.meta.created_s).strftime(
             "%Y-%m-%d %H:%M")

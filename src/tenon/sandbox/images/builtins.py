@@ -123,7 +123,7 @@ def build_builtin(name: str = BASE_IMAGE, *, store: ImageStore | None = None,
 def _build(name: str, recipe: Recipe, key: str, store: ImageStore) -> StoredImage:
     with store.staging() as stage:
         tar = _legacy_tar(store, name, key)
-        source = f"mmdebstrap {SUITE} {VARIANT} +{','.join(recipe.packages)}"
+        source = f"mmdebstrap {SUITE} {VARIANT}"
         if tar is None:
             logger.info("building %s (%s) with mmdebstrap", name, ",".join(recipe.packages))
             tar = stage / "rootfs.tar"
