@@ -34,6 +34,7 @@ from tenon.host.diskfs import DiskLimits
 from tenon.replay import standalone
 from tenon.replay.differential_script import Script, Step
 from tenon.runtime.residency import ResidencyManager, TeardownOutcome
+from tenon.sandbox.base import ExecIO
 from tenon.state.statedir import DEFAULT_STATE_DIR
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ async def run_script(manager: ResidencyManager, script: Script, *, agent_id: str
     await manager.start(agent_id, image, dict(script.config))
     try:
         for step in script.steps:
-            result = await manager.exec(agent_id, step.command, timeout_s=step.timeout_s)
+            io = None if step.user is None else ExecIO(user=step.user)
+            result = await manager.exec(agent_id, step.command, timeout_s=step.timeout_s, io=io)
             boundary = None
             if teardown_each:
                 teardown = await manager.teardown(agent_id)
