@@ -102,7 +102,7 @@ from tenon.sandbox.docker_root import (
     shifted_lower,
     unmount_root,
 )
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root
 from tenon.sandbox.usernet import HOST_CERTS
 

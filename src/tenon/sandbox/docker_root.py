@@ -37,7 +37,7 @@ import docker.errors
 from tenon.errors import BackendUnavailable, SandboxError, WorkspaceError
 from tenon.sandbox.base import PERSISTENT_MOUNTS
 from tenon.sandbox.docker_enter import NEW_ROOT
-from tenon.sandbox.image import image_rootfs
+from tenon.sandbox.images import image_rootfs
 
 USER_ID = 1000  # the default user inside (gid the same)
 CONTAINER_IDS = 65536  # ids the remapped range covers
