@@ -214,6 +214,9 @@ def import_from_docker(image: str, *, name: str | None, store: ImageStore) -> St
                                 "not a file or directory") from exc
         except docker.errors.APIError as exc:
             raise BackendUnavailable(f"Docker could not look up {image!r}: {exc}") from exc
+        known = (found.id or "").removeprefix("sha256:")
+        if store.has_content(known):  # Docker's id is the config digest: stored already
+            return store.install(normalize_name(name or image), known, _unreachable)
         with store.staging() as stage:
             tar_path = stage / "image.tar"
             with tar_path.open("wb") as out:
@@ -223,6 +226,10 @@ def import_from_docker(image: str, *, name: str | None, store: ImageStore) -> St
                                source=f"docker image {image}")
     finally:
         client.close()
+
+
+def _unreachable(rootfs: Path) -> ImageMeta:
+    raise ImageImportError(f"no content to extract into {rootfs}")
 
 
 def import_image(source: str, *, name: str | None = None,
