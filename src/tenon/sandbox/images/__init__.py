@@ -25,20 +25,9 @@ from tenon.sandbox.images.store import (
     normalize_name,
 )
 
-# The E2B template id a client gets when it names none.
-DEFAULT_TEMPLATE = "base"
-
-
-def template_image(template: str) -> str:
-    """The image an E2B template id or alias names: `base` is tenon-base:bookworm, any other
-    id is an image name."""
-    return BASE_IMAGE if template == DEFAULT_TEMPLATE else template
-
-
 __all__ = [
     "BASE_IMAGE",
     "BUILTINS",
-    "DEFAULT_TEMPLATE",
     "IMAGE_DIR_ENV",
     "PACKAGES",
     "PYTHON_IMAGE",
@@ -52,5 +41,4 @@ __all__ = [
     "image_rootfs",
     "image_store",
     "normalize_name",
-    "template_image",
 ]

@@ -17,7 +17,6 @@ import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -174,10 +173,3 @@ def _basename(name: str) -> str:
 
 def _skipped(member: tarfile.TarInfo) -> bool:
     return member.ischr() or member.isblk()
-
-
-def iter_files(root: Path) -> Iterator[Path]:
-    """Every path under `root` (itself excluded), without following symlinks."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            yield Path(dirpath) / name
