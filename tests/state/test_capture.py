@@ -203,3 +203,82 @@ def test_python_walk_matches_the_helper(tmp_path: Path) -> None:
     (root / "tmp" / "odd\nname").write_text("x")
     helper, python = treewalk.walk(root, ("work",)), treewalk.walk_python(root, ("work",))
     assert sorted(zip(*helper, strict=True)) == sorted(zip(*python, strict=True))
+
+
+def image_backed_store(tmp_path: Path) -> tuple[WorkspaceStore, CountingHasher, Path]:
+    """`make_store` over roots that are ext4 images of their own (as the runtime's are)."""
+    from tenon.host import diskfs
+    from tenon.host.diskfs import DiskLimits
+
+    if os.geteuid() != 0:
+        pytest.skip("image-backed roots need root (loop devices, mount)")
+    if problems := diskfs.check():
+        pytest.skip("; ".join(problems))
+    return make_store(tmp_path, limits=DiskLimits(disk_bytes=64 * 1024 * 1024,
+                                                  max_inodes=4096))
+
+
+@pytest.fixture
+def image_store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    store, hasher, root = image_backed_store(tmp_path)
+    yield store, hasher, root
+    store.reconcile(set())
+
+
+def test_a_root_that_wrote_nothing_since_its_capture_verifies_without_a_walk(
+        image_store) -> None:  # type: ignore[no-untyped-def]
+    store, hasher, root = image_store
+    settled(root)
+    store.capture("agent")
+    (root / "workspace" / "f2.txt").write_text("changed\n")
+    settled(root)
+    captured = store.capture("agent")
+    scanned = store.last_scan
+    hasher.paths.clear()
+    assert store.verify("agent", captured.digest, None) == captured
+    assert store.last_scan is scanned  # no walk at all
+    assert hasher.paths == []
+    # Sealed once: the next verify (nothing captured since) walks the tree again.
+    store.verify("agent", captured.digest, None)
+    assert store.last_scan is not scanned
+
+
+def test_a_write_after_the_capture_breaks_the_seal_and_is_found(image_store) -> None:  # type: ignore[no-untyped-def]
+    store, _, root = image_store
+    settled(root)
+    captured = store.capture("agent")
+    victim = root / "workspace" / "sub" / "deep.py"
+    st = victim.stat()
+    victim.write_text("print('HI')\n")  # same size, mtime put back: only content differs
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(WorkspaceError, match=r"sub/deep.py' differs in sha256"):
+        store.verify("agent", captured.digest, captured)
+
+
+def test_a_large_manifest_is_written_when_the_record_store_closes(tmp_path: Path) -> None:
+    from tenon.state import recovery
+
+    store, _, root = make_store(tmp_path)
+    for i in range(recovery.MAX_INLINE_MANIFEST_ENTRIES):
+        (root / "tmp" / f"n{i}").write_text("")
+    settled(root)
+    manifest = store.capture("agent")
+    assert len(manifest.entries) > recovery.MAX_INLINE_MANIFEST_ENTRIES
+    path = tmp_path / "state" / "recovery.sqlite"
+    records = RecoveryStore(path)
+    records.register("agent", "img", "fake", {})
+    records.commit_teardown("agent", 1, manifest.digest, "img", "fake", {}, manifest=manifest)
+    record = records.get("agent")
+    assert record is not None
+    assert record.manifest == manifest  # this process still has it
+    crashed = RecoveryStore(path)  # what a crash now would find: the digest, no manifest
+    record = crashed.get("agent")
+    assert record is not None
+    assert (record.manifest_digest, record.manifest) == (manifest.digest, None)
+    crashed.close()
+    records.close()
+    reopened = RecoveryStore(path)
+    record = reopened.get("agent")
+    assert record is not None
+    assert record.manifest == manifest
+    reopened.close()

@@ -27,7 +27,7 @@ from tenon.cli.errors import (
     require_writable_file,
     write_text,
 )
-from tenon.errors import ConfigError
+from tenon.errors import ConfigError, TenonError
 from tenon.policy.baselines import parse_policy
 from tenon.policy.config import PolicyConfig
 from tenon.replay.bench import BenchConfig, check_budget, run_bench, schedule_of
@@ -345,10 +345,16 @@ def faults_cmd(
         raise typer.Exit(1)
 
 
-def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path) -> None:
-    """`tenon bench lifecycle --files N,N,...`: teardown and rebuild workspace costs per
-    tree size (`replay.capture_bench`); a table, and JSON written to `out`."""
+def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path,
+                      backend_name: str = "process") -> None:
+    """`tenon bench lifecycle --files N,N,...`: teardown and rebuild costs per tree size
+    (`replay.capture_bench`), with a real sandbox of `backend_name` destroyed and rebuilt in
+    each cycle ("none": the workspace's part alone); a table, and JSON written to `out`."""
+    import uuid
+
+    from tenon.host.domain import WorkloadDomain
     from tenon.replay.capture_bench import bench_capture, table
+    from tenon.sandbox.registry import make_backend
 
     try:
         sizes = [int(v) for v in files.split(",") if v.strip()]
@@ -360,7 +366,22 @@ def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path) 
         fail(ConfigError(f"--runs: must be at least 1, got {runs}"))
     if out is not None:
         require_writable_file(out, what="--out")
-    result = bench_capture(sizes, runs, state_dir)
-    Console().print(table(result))
+    if backend_name == "none":
+        result = bench_capture(sizes, runs, state_dir)
+    else:
+        domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
+        backend = None
+        try:
+            backend = make_backend(backend_name, domain, state_dir)
+            if problems := backend.check():
+                raise TenonError("; ".join(problems))
+            result = bench_capture(sizes, runs, state_dir, backend)
+        except TenonError as exc:
+            fail(exc)
+        finally:
+            domain.remove()
+            if backend is not None:
+                backend.release_domain()
+    Console(width=120).print(table(result))
     if out is not None:
         write_text(out, json.dumps(result, indent=2) + "\n", what="--out")

@@ -188,7 +188,9 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A bench run directory."
 
 @bench_app.command("lifecycle")
 def bench_lifecycle_cmd(
-    backend: Annotated[str, typer.Option(help="process or docker")] = "process",
+    backend: Annotated[str, typer.Option(
+        help="process or docker (with --files also none: the workspace's part alone)")
+    ] = "process",
     runs: Annotated[int, typer.Option(help="Repetitions (median reported).")] = 10,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
@@ -203,7 +205,7 @@ def bench_lifecycle_cmd(
     if files is not None:
         from tenon.cli.bench import capture_lifecycle
 
-        capture_lifecycle(files, runs, out, state_dir)
+        capture_lifecycle(files, runs, out, state_dir, backend)
         return
     from tenon.host.domain import WorkloadDomain
     from tenon.replay.lifecycle import bench_lifecycle

@@ -241,6 +241,19 @@ def sync(mount_point: Path) -> None:
         os.close(fd)
 
 
+def written_kib(mount_point: Path) -> int | None:
+    """What the ext4 filesystem at `mount_point` has written to its device in its life, in
+    KiB (`/sys/fs/ext4/<device>/lifetime_write_kbytes`: every data, metadata and journal
+    write counts, down to a sector), or None when the kernel does not tell. Read after a
+    sync(), an unchanged value proves nothing was written since the last reading."""
+    try:
+        dev = os.stat(mount_point).st_dev
+        name = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve().name
+        return int(Path(f"/sys/fs/ext4/{name}/lifetime_write_kbytes").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def detach_loops(image: Path) -> int:
     """Detach loop devices still attached to `image` (left by a crash between attach and
     mount); return how many. A device whose filesystem is still mounted is only marked

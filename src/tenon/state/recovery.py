@@ -139,6 +139,13 @@ def _encode_config(config: Mapping[str, Any]) -> str:
         raise RecoveryError(f"backend config is not JSON-serializable: {exc}") from exc
 
 
+# A manifest of more entries than this is not written with each teardown's commit (megabytes
+# of text for a large repository, most of a teardown's cost) but when the store closes: the
+# digest, which is what a rebuild must match, is always committed. Without the manifest a
+# rebuild after a crash reads and hashes the whole tree once instead of its metadata.
+MAX_INLINE_MANIFEST_ENTRIES = 4096
+
+
 class RecoveryStore:
     """Recovery records in `db_path`; safe to reopen after a controller restart."""
 
@@ -146,6 +153,8 @@ class RecoveryStore:
         self._path = Path(db_path)
         self._wall_clock = wall_clock
         self._manifests: dict[str, Manifest] = {}  # the last manifest committed or read
+        # Manifests too large to write with each commit: written when the store closes.
+        self._unwritten: dict[str, Manifest] = {}
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit mode: transactions are explicit, so nothing commits by accident.
@@ -167,7 +176,18 @@ class RecoveryStore:
         return self._path
 
     def close(self) -> None:
-        self._db.close()
+        """Write the manifests left out of their commits (each still current), then close.
+        After a crash they are missing: a rebuild then hashes the whole tree once."""
+        try:
+            if self._unwritten:
+                with self._transaction() as db:
+                    db.executemany(
+                        "UPDATE records SET manifest_json = ? WHERE agent_id = ? "
+                        "AND manifest_digest = ? AND manifest_json IS NULL",
+                        [(m.to_json(), agent, m.digest) for agent, m in self._unwritten.items()])
+                self._unwritten.clear()
+        finally:
+            self._db.close()
 
     @contextmanager
     def _transaction(self, *, fsync: bool = True) -> Iterator[sqlite3.Connection]:
@@ -224,7 +244,8 @@ class RecoveryStore:
                 f"does not match the digest being committed {digest}"
             )
         config_json = _encode_config(config or {})
-        manifest_json = manifest.to_json() if manifest is not None else None
+        inline = manifest is not None and len(manifest.entries) <= MAX_INLINE_MANIFEST_ENTRIES
+        manifest_json = manifest.to_json() if manifest is not None and inline else None
         now = self._wall_clock()
         with self._transaction() as db:
             row = db.execute(
@@ -255,8 +276,11 @@ class RecoveryStore:
                     now,
                 ),
             )
+        self._unwritten.pop(agent_id, None)
         if manifest is not None:
             self._manifests[agent_id] = manifest
+            if not inline:
+                self._unwritten[agent_id] = manifest
         logger.info(
             "agent %s: committed teardown of generation %d (digest %s)",
             agent_id,
@@ -402,6 +426,7 @@ class RecoveryStore:
     def delete(self, agent_id: str) -> None:
         """Forget the agent (its workflow finished)."""
         self._manifests.pop(agent_id, None)
+        self._unwritten.pop(agent_id, None)
         with self._transaction() as db:
             db.execute("DELETE FROM records WHERE agent_id = ?", (agent_id,))
 
@@ -433,6 +458,11 @@ class RecoveryStore:
         self._manifests[agent_id] = manifest
         return manifest
 
+    def _unwritten_of(self, agent_id: str, digest: str | None) -> Manifest | None:
+        """The manifest committed in this process but not written yet, if still current."""
+        known = self._unwritten.get(agent_id)
+        return known if known is not None and known.digest == digest else None
+
     def _require(self, agent_id: str) -> RecoveryRecord:
         record = self.get(agent_id)
         if record is None:
@@ -463,7 +493,8 @@ class RecoveryStore:
         try:
             config = json.loads(config_json)
             meta = json.loads(agent_json) if agent_json else {}
-            manifest = self._manifest_of(agent_id, digest) if has_manifest else None
+            manifest = (self._manifest_of(agent_id, digest) if has_manifest
+                        else self._unwritten_of(agent_id, digest))
         except (ValueError, OSError, sqlite3.Error) as exc:
             raise RecoveryError(f"agent {agent_id}: corrupt recovery record: {exc}") from exc
         if manifest is not None and manifest.digest != digest:

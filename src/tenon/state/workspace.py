@@ -99,6 +99,9 @@ class WorkspaceStore:
         # Each agent's last manifest (captured or verified): what the next capture and
         # verification compare metadata with. Only the controller's own scans enter it.
         self._manifests: dict[str, Manifest] = {}
+        # agent -> (digest, KiB its filesystem had written) right after its last capture: an
+        # image-backed root that has written nothing since holds exactly that manifest.
+        self._seals: dict[str, tuple[str, int]] = {}
         self.last_scan: ScanResult | None = None  # what the last capture or verify read
 
     @property
@@ -245,6 +248,9 @@ class WorkspaceStore:
         if not synced:
             _fsync_path(path, directory=True)
         self._remember(agent_id, result)
+        written = diskfs.written_kib(path) if synced else None  # the scan wrote nothing
+        if written is not None and result.manifest.version == MANIFEST_VERSION:
+            self._seals[agent_id] = (result.manifest.digest, written)
         logger.debug("captured workspace %s: %d entries, %d hashed, digest %s", path,
                      result.num_entries, result.num_hashed, result.manifest.digest)
         return result.manifest
@@ -264,8 +270,11 @@ class WorkspaceStore:
         `previous`) are not read; the others are hashed again, and any real difference
         fails. A version 1 manifest is verified by rehashing the whole tree."""
         path = self._existing(agent_id)
-        self._empty_overlay_work(path)
         known = self._manifests.get(agent_id)
+        if self._sealed(agent_id, path, digest, known) and known is not None:
+            self._empty_overlay_work(path)
+            return known
+        self._empty_overlay_work(path)
         baseline = next((m for m in (known, previous) if m is not None and m.digest == digest),
                         None)
         version = MANIFEST_VERSION if baseline is None else baseline.version
@@ -277,6 +286,7 @@ class WorkspaceStore:
             self._remember(agent_id, result)
             return result.manifest
         self._manifests.pop(agent_id, None)
+        self._seals.pop(agent_id, None)
         detail = ""
         if baseline is not None:
             diff = baseline.first_difference(result.manifest)
@@ -287,9 +297,25 @@ class WorkspaceStore:
             f"found {result.manifest.digest}{detail}"
         )
 
+    def _sealed(self, agent_id: str, path: Path, digest: str, known: Manifest | None) -> bool:
+        """Whether the root still holds, unread, what this store captured last: the capture
+        had `digest` and the root's filesystem has written nothing since (after a sync that
+        flushes any write still in memory). Used once: the next capture seals again."""
+        seal = self._seals.pop(agent_id, None)
+        if seal is None or known is None or not seal[0] == known.digest == digest:
+            return False
+        if not os.path.ismount(path):
+            return False
+        try:
+            diskfs.sync(path)
+        except OSError:  # HostError is one
+            return False
+        return diskfs.written_kib(path) == seal[1]
+
     def forget(self, agent_id: str) -> None:
         """Drop the store's manifest of the agent: its next capture reads every file."""
         self._manifests.pop(agent_id, None)
+        self._seals.pop(agent_id, None)
 
     def _remember(self, agent_id: str, result: ScanResult) -> None:
         self.last_scan = result
@@ -297,6 +323,7 @@ class WorkspaceStore:
             self._manifests[agent_id] = result.manifest
         else:
             self._manifests.pop(agent_id, None)
+        self._seals.pop(agent_id, None)
 
     @staticmethod
     def _empty_overlay_work(path: Path) -> None:
@@ -317,6 +344,7 @@ class WorkspaceStore:
         """Remove the agent's workspace: unmount it, remove its root and image (idempotent)."""
         path = self.path_for(agent_id)
         self._manifests.pop(agent_id, None)
+        self._seals.pop(agent_id, None)
         try:
             self._remove(path, self.image_for(agent_id))
             if self._root.exists():
@@ -408,6 +436,7 @@ class WorkspaceStore:
         if path == src_path:
             raise WorkspaceError(f"workspace {path}: source and destination are the same")
         self._manifests.pop(agent_id, None)
+        self._seals.pop(agent_id, None)
         try:
             if src_image.exists() or src_path.is_dir():
                 diskfs.unmount(src_path)
