@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: install only what is missing, so a warm machine starts fast.
-pkgs=(bubblewrap mmdebstrap docker.io util-linux iproute2 procps ca-certificates e2fsprogs gcc libseccomp-dev slirp4netns nftables prometheus chromium-headless-shell)
+pkgs=(mmdebstrap docker.io util-linux iproute2 procps ca-certificates e2fsprogs gcc libseccomp-dev slirp4netns nftables prometheus chromium-headless-shell)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then missing+=(python3-venv); fi

@@ -251,5 +251,6 @@ def test_the_simulated_cluster_returns_sane_figures_at_a_tiny_size() -> None:
         assert point["makespan_s"] > 0
         assert point["decision_p50_us"] > 0
         assert point["decision_p99_us"] >= point["decision_p50_us"]
-        assert 0 < point["dispatcher_share"] < 1
+        # a share of the process's CPU; at this size it can round to 0 on a busy host
+        assert 0 <= point["dispatcher_share"] < 1
         assert set(point["decision_us_by_strategy"]) == {"p2c", "least-loaded"}

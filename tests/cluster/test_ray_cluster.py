@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -30,6 +29,7 @@ from tenon.policy.placement import NodeLoad, PlacementConfig
 from tenon.replay.driver import replay
 from tenon.replay.schedule import make_schedule
 from tenon.replay.trace import Action, Memory, Reproduce, Step, Workflow
+from tenon.sandbox import launcher
 
 pytestmark = [pytest.mark.ray, pytest.mark.sandbox, pytest.mark.cgroups, pytest.mark.disk,
               pytest.mark.slow]
@@ -57,8 +57,10 @@ class RayCluster:
 def _need_real() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None or not (STATE_DIR / "images").exists():
-        pytest.skip("needs bubblewrap and the base image (tenon image build)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
+    if not (STATE_DIR / "images").exists():
+        pytest.skip("needs the base image (tenon image build)")
     if problems := diskfs.check():
         pytest.skip("; ".join(problems))
 

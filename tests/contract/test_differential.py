@@ -25,13 +25,13 @@ three runs without them, on a generated sequence. The hole was never committed.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tenon.replay.differential import differential, open_manager
 from tenon.replay.differential_corpus import corpus
+from tenon.sandbox import launcher
 from tenon.sandbox.images import build_builtin
 
 IMAGE = "tenon-base:bookworm"
@@ -49,10 +49,8 @@ def require_backend(backend: str) -> None:
     (a no-op when it was built from the current recipe)."""
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root (cgroups, namespaces)")
-    if backend == "process":
-        for tool in ("bwrap", "nsenter", "setpriv", "unshare"):
-            if shutil.which(tool) is None:
-                pytest.skip(f"{tool} is missing (apt-get install bubblewrap util-linux)")
+    if backend == "process" and (problems := launcher.check()):
+        pytest.skip(problems[0])
     build_builtin(IMAGE, docker=backend == "docker")
 
 

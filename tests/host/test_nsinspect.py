@@ -1,5 +1,5 @@
 """Namespace inspection: IPC objects, /dev/shm files and sockets of another process's
-namespaces, against a bubblewrap namespace tree (real kernel) and against canned /proc text."""
+namespaces, against a namespace tree made with unshare (real kernel) and against canned /proc text."""
 
 from __future__ import annotations
 
@@ -36,11 +36,15 @@ sys.stdin.read()
 @pytest.fixture
 def holder() -> Iterator[int]:
     """A python in private IPC, network and mount namespaces holding one of everything."""
-    if os.geteuid() != 0 or shutil.which("bwrap") is None:
-        pytest.skip("needs root and bubblewrap")
-    argv = ["bwrap", "--unshare-ipc", "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue", "--proc", "/proc",
-            sys.executable, "-c", _HOLDER]
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs root, unshare (util-linux) and ip (iproute2)")
+    # A /dev of its own (a tmpfs in the private mount namespace) to hold /dev/shm and
+    # /dev/mqueue, so nothing is made in the host's /dev.
+    setup = ('ip link set lo up && mount -t tmpfs tmpfs /dev && mkdir /dev/shm /dev/mqueue && '
+             'mount -t tmpfs tmpfs /dev/shm && mount -t mqueue mqueue /dev/mqueue && '
+             'exec "$0" -c "$1"')
+    argv = ["unshare", "--ipc", "--net", "--mount", "--propagation", "private", "--fork",
+            "sh", "-c", setup, sys.executable, _HOLDER]
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           text=True) as proc:
         try:

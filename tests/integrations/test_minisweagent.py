@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from tenon.integrations.minisweagent import (  # noqa: E402
     TenonEnvironment,
     TenonEnvironmentConfig,
 )
+from tenon.sandbox import launcher  # noqa: E402
 
 FULL_PATH = "tenon.integrations.minisweagent.TenonEnvironment"
 
@@ -311,8 +311,8 @@ SCRIPT = [
 def _need_real_sandboxes() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not STATE_DIR_IMAGES.exists():
         pytest.skip("base image missing: run `tenon image build`")
 

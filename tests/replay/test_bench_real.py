@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tenon.sandbox import launcher
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups, pytest.mark.slow]
 
@@ -24,8 +25,8 @@ TRACE = REPO / "bench" / "traces" / "agentcgroup-haiku.jsonl"
 def _need_real_sandboxes() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not Path("/var/lib/tenon/images").exists():
         pytest.skip("base image missing: run `tenon image build`")
 

@@ -5,12 +5,12 @@ nothing is left on the host."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tenon.replay.faults import PHASES, FaultConfig, compact_summary, run_campaign
+from tenon.sandbox import launcher
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.sandbox, pytest.mark.disk, pytest.mark.slow]
 
@@ -22,8 +22,10 @@ GIB = 1024 ** 3
 def test_five_sigkills_lose_nothing_and_leave_nothing(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None or not (STATE_DIR / "images").exists():
-        pytest.skip("needs bubblewrap and the base image (tenon image build)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
+    if not (STATE_DIR / "images").exists():
+        pytest.skip("needs the base image (tenon image build)")
     config = FaultConfig(trace=TRACE, budget_bytes=2 * GIB, out_dir=tmp_path / "campaign",
                          num_kills=5, num_workflows=6, seed=3, state_dir=STATE_DIR)
     summary = run_campaign(config)

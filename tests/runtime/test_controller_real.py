@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from tenon.predict.static import FixedPredictor
 from tenon.replay.loadprog import SCRATCH_DIR, load_command
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import ActionResult, Outcome
+from tenon.sandbox import launcher
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups, pytest.mark.slow]
 
@@ -28,8 +28,8 @@ NUM_WORKFLOWS, NUM_STEPS = 13, 2  # 13 x 320 MiB = 4.06x the budget
 def _need_real_sandboxes() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not (STATE_DIR / "images").exists():
         pytest.skip("base image missing: run `tenon image build`")
 

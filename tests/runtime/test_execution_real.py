@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tenon.replay.sampling_bench import bench_sampling
+from tenon.sandbox import launcher
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.cgroups]
 STATE_DIR = Path("/var/lib/tenon")
@@ -17,8 +17,8 @@ STATE_DIR = Path("/var/lib/tenon")
 def _need_real_sandboxes() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not (STATE_DIR / "images").exists():
         pytest.skip("base image missing: run `tenon image build`")
 

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from tenon.runtime.controller import Runtime
 from tenon.runtime.handoff import Handoff, adopt_agent, forget_agent, release_agent, take_over
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import AgentClosed
+from tenon.sandbox import launcher
 from tenon.sandbox.uids import shared_allocator, shared_range_allocator
 from tenon.state.recovery import RecoveryRecord, RecoveryStore
 from tenon.state.statedir import StateDirBusy
@@ -41,8 +41,10 @@ GIB = 1024 ** 3
 def _need_real() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None or not (STATE_DIR / "images").exists():
-        pytest.skip("needs bubblewrap and the base image (tenon image build)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
+    if not (STATE_DIR / "images").exists():
+        pytest.skip("needs the base image (tenon image build)")
     if problems := diskfs.check():
         pytest.skip("; ".join(problems))
 

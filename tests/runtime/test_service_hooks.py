@@ -19,6 +19,7 @@ from tenon.predict.static import FixedPredictor
 from tenon.runtime.controller import Runtime
 from tenon.runtime.residency import run_inline
 from tenon.runtime.results import Outcome
+from tenon.sandbox import launcher
 from tenon.sandbox.base import BackendCapacity, ExecControl, ExecIO, ProcessInfo
 from tenon.sandbox.sim import SimBackend, SimDomain, SimSandbox, sim_load_command
 from tenon.state.recovery import RecoveryStore
@@ -502,12 +503,11 @@ IMAGE = "tenon-base:bookworm"
 
 def _need_real_sandboxes() -> None:
     import os
-    import shutil
 
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not (STATE_DIR / "images").exists():
         pytest.skip("base image missing: run `tenon image build`")
 

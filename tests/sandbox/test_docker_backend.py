@@ -116,7 +116,6 @@ async def test_check_reports_ready_and_missing_image(env):
 
 
 def test_a_network_letting_containers_talk_is_refused(docker_client):
-    from tenon.errors import SandboxError
     from tenon.sandbox.docker import ensure_sandbox_network
 
     name = f"tenon-test-{uuid.uuid4().hex[:8]}"
@@ -267,8 +266,12 @@ async def test_default_user_cannot_write_the_root_and_dev_is_read_only(env):
     for user in ("user", "root"):
         dev = await sandbox.exec("touch /dev/x", timeout_s=10, user=user)
         assert "Read-only file system" in dev.output, dev.output
-    with pytest.raises(SandboxError, match="unknown user 'admin'"):
-        await sandbox.exec("true", timeout_s=10, user="admin")
+    unknown = await sandbox.exec("true", timeout_s=10, user="admin")  # as docker exec -u
+    assert unknown.exit_code == 126
+    assert unknown.output.startswith("unknown user 'admin'")
+    # a user the image's /etc/passwd defines runs with its ids and home
+    named = await sandbox.exec("id -u; id -g; echo $HOME", timeout_s=10, user="nobody")
+    assert named.output.split() == ["65534", "65534", "/nonexistent"], named.output
     assert sandbox.leftover_state() == []
     await sandbox.destroy()
 

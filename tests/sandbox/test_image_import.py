@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import json
 import os
-import shutil
 import tarfile
 import uuid
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tenon.errors import ImageNotFound
+from tenon.sandbox import launcher
 from tenon.sandbox.base import SandboxSpec
 from tenon.sandbox.images import BASE_IMAGE, ImageStore, image_rootfs
 from tenon.sandbox.images.build import build_dockerfile, dockerfile_bases
@@ -179,8 +179,8 @@ async def test_a_process_sandbox_runs_what_the_image_added(built, tmp_path, monk
     from tenon.host.domain import WorkloadDomain
     from tenon.sandbox.process import ProcessBackend
 
-    if shutil.which("bwrap") is None and shutil.which("unshare") is None:
-        pytest.skip("the process backend's tools are missing")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     image, store, _ = built
     # the backend's state directory has no images: it finds them in $TENON_IMAGE_DIR
     monkeypatch.setenv("TENON_IMAGE_DIR", str(store.root))

@@ -31,6 +31,7 @@ from tenon.predict.static import FixedPredictor
 from tenon.replay.loadprog import SCRATCH_DIR, load_command
 from tenon.runtime.controller import Agent
 from tenon.runtime.open import open_runtime
+from tenon.sandbox import launcher
 from tenon.service.live import DECISION_KINDS, SAMPLER_TASK_NAME, LiveView, describe
 from tenon.service.observe import RESIDENCY_STATES
 
@@ -49,8 +50,8 @@ def _chromium() -> str | None:
 def _need_real_sandboxes_and_chromium() -> str:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not (STATE_DIR / "images").exists():
         pytest.skip("base image missing: run `tenon image build`")
     chromium = _chromium()

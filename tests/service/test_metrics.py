@@ -12,7 +12,6 @@ import contextlib
 import glob
 import json
 import os
-import shutil
 import socket
 import subprocess
 import urllib.parse
@@ -30,6 +29,7 @@ from tenon.policy.config import PolicyConfig
 from tenon.predict.static import FixedPredictor
 from tenon.runtime.open import open_runtime
 from tenon.runtime.results import Outcome
+from tenon.sandbox import launcher
 from tenon.service.metrics import EventMetrics, metrics_registry, metrics_route
 
 STATE_DIR = Path("/var/lib/tenon")
@@ -42,8 +42,8 @@ WAIT_S = 60.0  # how long Prometheus may take to see a value (scrapes every seco
 def _need_real_sandboxes_and_prometheus() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not (STATE_DIR / "images").exists():
         pytest.skip("base image missing: run `tenon image build`")
     if not Path(PROMETHEUS).exists():  # in CI (CI=true) this skip is a failure (conftest)

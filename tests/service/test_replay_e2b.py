@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tenon.replay.trace import (
     write_trace,
 )
 from tenon.runtime.results import Outcome
+from tenon.sandbox import launcher
 from tenon.service.replay_client import outcome_of_exit
 from tenon.service.replay_e2b import ActionTimes, ApiStats, overhead_summary, replay_via_e2b
 
@@ -79,8 +79,8 @@ def _actions_by_workflow(events: list[dict[str, Any]]) -> dict[str, list[tuple[s
 def _need_real_sandboxes() -> None:
     if os.geteuid() != 0:
         pytest.skip("real sandboxes need root")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is missing (apt-get install bubblewrap)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     if not Path("/var/lib/tenon/images").exists():
         pytest.skip("base image missing: run `tenon image build`")
 

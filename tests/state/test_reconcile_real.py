@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -15,6 +14,7 @@ import pytest
 from tenon.host.domain import WorkloadDomain
 from tenon.host.leftovers import domain_cgroups
 from tenon.runtime.open import leftover_remover, open_runtime
+from tenon.sandbox import launcher
 from tenon.state.recovery import RecoveryStore
 from tenon.state.statedir import StateDirBusy, domain_name
 from tenon.state.workspace import WorkspaceStore
@@ -63,8 +63,10 @@ def leave_a_dead_controllers_state(run_dir: Path) -> tuple[str, subprocess.Popen
 @pytest.mark.slow
 async def test_start_removes_leftovers_and_restores_committed_agents(tmp_path: Path) -> None:
     _need_root()
-    if shutil.which("bwrap") is None or not (STATE_DIR / "images").exists():
-        pytest.skip("needs bubblewrap and the base image (tenon image build)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
+    if not (STATE_DIR / "images").exists():
+        pytest.skip("needs the base image (tenon image build)")
     name, leftover = leave_a_dead_controllers_state(tmp_path)
     try:
         async with open_runtime(budget_bytes=1024 * MIB, state_dir=STATE_DIR,

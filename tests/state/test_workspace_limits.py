@@ -3,7 +3,6 @@ real sandboxes (process backend here; Docker in test_workspace_limits_docker.py)
 
 from __future__ import annotations
 
-import shutil
 import stat
 import subprocess
 import time
@@ -15,6 +14,7 @@ import pytest
 from tenon.errors import WorkspaceError
 from tenon.host import diskfs
 from tenon.host.diskfs import DiskLimits
+from tenon.sandbox import launcher
 from tenon.state.workspace import PERSISTENT_DIRS, WorkspaceStore
 from tenon.units import MIB
 
@@ -197,9 +197,8 @@ def backend(state_dir):
     from tenon.sandbox.images import image_rootfs
     from tenon.sandbox.process import ProcessBackend
 
-    for tool in ("bwrap", "nsenter", "setpriv", "unshare"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing (apt-get install bubblewrap util-linux)")
+    if problems := launcher.check():
+        pytest.skip(problems[0])
     try:
         image_rootfs(IMAGE, SANDBOX_STATE_DIR)
     except ImageNotFound as exc:

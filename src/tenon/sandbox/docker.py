@@ -105,6 +105,12 @@ from tenon.sandbox.docker_root import (
 from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root
 from tenon.sandbox.usernet import HOST_CERTS
+from tenon.sandbox.users import (
+    UNKNOWN_USER_EXIT_CODE,
+    SandboxUser,
+    UnknownUser,
+    resolve_user,
+)
 
 if TYPE_CHECKING:
     from tenon.host.domain import SandboxCgroup, WorkloadDomain
@@ -505,12 +511,20 @@ class DockerSandbox:
         self, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
         io: ExecIO | None = None, user: str | None = None,
     ) -> ExecResult:
-        """`Sandbox.exec`; `user` "root" runs it as root of the container's user namespace,
-        None or "user" as the default user (uid 1000)."""
+        """`Sandbox.exec` as `user` (else `io.user`): a user of the sandbox's /etc/passwd;
+        "root" is root of the container's user namespace, None the default user (uid 1000).
+        An unknown user fails the command (exit 126, as `docker exec -u`), not the sandbox."""
         if self._destroyed:
             raise SandboxError(f"sandbox {self.spec.sandbox_id} was destroyed")
-        if (user or "user") not in USERS:
-            raise SandboxError(f"unknown user {user!r}; expected one of {', '.join(USERS)}")
+        name = user if user is not None else (io.user if io is not None else None)
+        try:
+            who = await asyncio.to_thread(resolve_user, (self.root_dir,), name)
+        except UnknownUser as exc:
+            message = f"{exc}\n"
+            if io is not None and io.on_stderr is not None:
+                io.on_stderr(message.encode())
+            return ExecResult(exit_code=UNKNOWN_USER_EXIT_CODE, output=message, truncated=False,
+                              duration_s=0.0)
         try:
             frozen = self.cgroup.is_frozen()
         except OSError as exc:
@@ -522,7 +536,7 @@ class DockerSandbox:
         try:
             while True:
                 result = await self._exec_once(command, timeout_s, max_output_bytes, control,
-                                               user or "user")
+                                               who)
                 if result.exit_code != 126 or _PAUSED_REFUSAL not in result.output:
                     code = result.exit_code if control is None else control.exit_code(result)
                     return dataclasses.replace(result, exit_code=code,
@@ -539,7 +553,7 @@ class DockerSandbox:
                 control.finish()
 
     async def _exec_once(self, command: str, timeout_s: float, max_output_bytes: int,
-                         control: _DockerControl | None, user: str) -> ExecResult:
+                         control: _DockerControl | None, user: SandboxUser) -> ExecResult:
         token = uuid.uuid4().hex
         api = self.client.api
         start = time.perf_counter()
@@ -600,12 +614,12 @@ class DockerSandbox:
         return ExecResult(code, output.text(), output.truncated, elapsed_s, timed_out=timed_out)
 
     def _start(self, command: str, token: str, io: ExecIO | None,
-               user: str) -> tuple[str, Any]:
+               user: SandboxUser) -> tuple[str, Any]:
         """Create and start the exec: without `io` stderr joins stdout (one interleaved
         stream, `_MERGED_SH`); with it the streams stay apart, stdin is attached when asked,
         and the command runs in `io.cwd` (a missing one fails as the shell's cd does)."""
         api = self.client.api
-        home = {"HOME": "/root" if user == "root" else HOME_DIR}
+        home = {"HOME": user.home}
         if io is None:
             env = {**home, **self.spec.env, EXEC_ID_VAR: token}
             argv = [*_MERGED_SH, command]
@@ -614,7 +628,7 @@ class DockerSandbox:
             argv = cwd_env_argv(io.cwd or WORKSPACE, {}, command)
         stdin = io is not None and io.stdin
         exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=WORKSPACE,
-                                  stdin=stdin, user=USERS[user])
+                                  stdin=stdin, user=f"{user.uid}:{user.gid}")
         exec_id = exec_id["Id"]
         return exec_id, api.exec_start(exec_id, socket=True)
 

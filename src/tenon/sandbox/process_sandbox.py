@@ -37,12 +37,17 @@ from tenon.sandbox.base import (
 )
 from tenon.sandbox.uids import IdRangeAllocator
 from tenon.sandbox.usernet import UserNet
-from tenon.sandbox.users import ImageConfig, SandboxUser, UnknownUser, resolve_user
+from tenon.sandbox.users import (
+    UNKNOWN_USER_EXIT_CODE,
+    ImageConfig,
+    SandboxUser,
+    UnknownUser,
+    resolve_user,
+)
 
 logger = logging.getLogger(__name__)
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-UNKNOWN_USER_EXIT_CODE = 126  # what `docker exec -u` answers for a user it cannot find
 OUTPUT_GRACE_S = 0.05  # after an action exits, how long background holders may keep the pipe
 _HELD_POLL_S = 0.02  # how often a SIGKILL asked for while the gate holds the sandbox looks again
 # Mounts an action may write through besides the spec's disposable paths: the overlay root

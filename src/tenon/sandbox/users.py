@@ -25,6 +25,9 @@ MAX_ID = 65535  # ids 0..65535 exist inside a sandbox
 _MAX_ETC_FILE_BYTES = 1 << 20
 
 
+UNKNOWN_USER_EXIT_CODE = 126  # what `docker exec -u` answers for a user it cannot find
+
+
 class UnknownUser(SandboxError):
     """A command asked for a user the sandbox does not know."""
 
