@@ -1,5 +1,6 @@
 """Namespace inspection: IPC objects, /dev/shm files and sockets of another process's
-namespaces, against a namespace tree made with unshare (real kernel) and against canned /proc text."""
+namespaces, against a namespace tree made with unshare (real kernel) and against canned
+/proc text."""
 
 from __future__ import annotations
 
