@@ -102,6 +102,8 @@ from tenon.sandbox.docker_root import (
     shifted_lower,
     unmount_root,
 )
+from tenon.sandbox.dockerd import DAEMON_FIX as _DAEMON_FIX
+from tenon.sandbox.dockerd import connect
 from tenon.sandbox.images import image_rootfs
 from tenon.sandbox.ownership import hide_persistent_root
 from tenon.sandbox.usernet import HOST_CERTS
@@ -136,7 +138,6 @@ _IO_GRACE_S = 0.1  # after the exec exits, how long a background holder may keep
 _PID_POLL_S = 0.005  # how often to ask for a just-started exec's pid
 _REAP_TIMEOUT_S = 2.0  # how long a killed exec's process may take to be reaped by the shim
 _CANCEL_KILL_TIMEOUT_S = 10.0  # how long a cancelled interactive command's kill may take
-_DAEMON_FIX = "start dockerd (systemctl start docker), or run: bash scripts/setup.sh"
 USERS = {"user": f"{USER_ID}:{USER_ID}", "root": "0:0"}  # `exec(user=...)` -> Docker's user
 # Docker's own mounts moved from the placeholder root onto the sandbox's tree; with network
 # also Docker's /etc/hosts, /etc/hostname and /etc/resolv.conf (else the image's own).
@@ -162,32 +163,6 @@ _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefi
 
 async def _in_pool(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
-
-
-def connect(timeout_s: float = 30.0) -> docker.DockerClient:
-    """A client for the local Engine; BackendUnavailable (with the fix) when none answers.
-
-    A unix socket is tried by hand first: docker-py's constructor asks the daemon for its
-    API version and, when that fails, leaks the socket it opened.
-    """
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if host.startswith("unix://"):
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                probe.settimeout(timeout_s)
-                probe.connect(host.removeprefix("unix://"))
-        except OSError as exc:
-            raise BackendUnavailable(
-                f"Docker Engine does not answer at {host} ({exc}); {_DAEMON_FIX}") from exc
-    client: docker.DockerClient | None = None
-    try:
-        client = docker.from_env(timeout=int(timeout_s))
-        client.ping()
-    except Exception as exc:
-        if client is not None:
-            client.close()
-        raise BackendUnavailable(f"Docker Engine does not answer ({exc}); {_DAEMON_FIX}") from exc
-    return client
 
 
 def container_options(spec: SandboxSpec, root_dir: Path | None = None,

@@ -66,7 +66,7 @@ def build_dockerfile(dockerfile: Path, context: Path | None = None, *, name: str
     Docker too, and import the result into the store."""
     import docker
 
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.dockerd import connect
     from tenon.sandbox.images.importer import import_from_docker
 
     store = store or ImageStore()

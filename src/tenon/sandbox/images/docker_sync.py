@@ -80,7 +80,7 @@ def ensure_in_docker(name: str, *, store: ImageStore | None = None,
                      required: bool = True) -> bool:
     """Make the Docker daemon hold image `name` of the store with the same content; False
     when no daemon answers and not `required` (BackendUnavailable when it is)."""
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.dockerd import connect
 
     store = store or ImageStore()
     image = store.get(name)

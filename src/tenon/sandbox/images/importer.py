@@ -203,7 +203,7 @@ def import_from_docker(image: str, *, name: str | None, store: ImageStore) -> St
     """Import an image of the local Docker daemon (`docker save` through the SDK)."""
     import docker
 
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.dockerd import connect
 
     client = connect(timeout_s=300)
     try:
