@@ -63,10 +63,10 @@ class FakeResolver:
         finally:
             self.num_open -= 1
 
-    def reading(self, sandbox_id: str) -> Any:
+    def reading(self, sandbox_id: str, paths: Any = (), user: str | None = None) -> Any:
         return self._hold("read", sandbox_id)
 
-    def writing(self, sandbox_id: str) -> Any:
+    def writing(self, sandbox_id: str, paths: Any = (), user: str | None = None) -> Any:
         return self._hold("write", sandbox_id)
 
 

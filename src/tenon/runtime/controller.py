@@ -559,6 +559,32 @@ class Runtime:
                 if self.residency.sandbox_for(agent_id) is None:
                     await self._commit_root(state)
 
+    @contextlib.asynccontextmanager
+    async def live_sandbox(self, agent_id: str) -> AsyncIterator[Sandbox]:
+        """The agent's live sandbox, held for the body as `edit_workspace` holds its root
+        (no teardown or rebuild starts meanwhile; what the body writes, the next teardown
+        captures). A torn-down agent is rebuilt first (as `prewarm`), a new one
+        materialized (as its first action would, without waiting for admission). The body
+        must not wait for an action of the same agent. WorkflowFailed when the agent
+        failed, RecoveryError when its rebuild does."""
+        state = self._agent(agent_id)
+        while True:
+            if state.closed:
+                raise AgentClosed(f"agent {agent_id} is closed")
+            if state.failed_reason is not None:
+                raise WorkflowFailed(f"agent {agent_id}: {state.failed_reason}")
+            if not state.materialized and not state.busy:
+                await self.boundary.ensure_sandbox(state, self._config_of(state))
+            else:
+                await self.boundary.prewarm(state)
+            async with self.residency.hold(agent_id):
+                sandbox = self.residency.sandbox_for(agent_id)
+                if sandbox is not None:
+                    yield sandbox
+                    return
+            # an action's own rebuild in flight, or a teardown came first: look again
+            await self._wait_for_change(self.config.control_period_s)
+
     async def _commit_root(self, state: AgentState) -> None:
         """Capture the root of an agent without a live sandbox and commit its record again
         (a new agent's as generation 0, which its first materialization rebuilds from)."""

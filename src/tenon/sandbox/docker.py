@@ -482,6 +482,16 @@ class DockerSandbox:
         """The host uid of the default user inside (uid 1000)."""
         return self.remap_base + USER_ID
 
+    @property
+    def root_pid(self) -> int:
+        """A host pid whose /proc/<pid>/root is the sandbox's root (docker-init)."""
+        return self.init_pid
+
+    @property
+    def id_base(self) -> int:
+        """The host id of the sandbox's id 0: its id i is host id id_base + i."""
+        return self.remap_base
+
     async def exec(
         self, command: str, *, timeout_s: float, max_output_bytes: int = 65536,
         io: ExecIO | None = None, user: str | None = None,

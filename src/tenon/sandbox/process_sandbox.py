@@ -171,6 +171,11 @@ class ProcessSandbox:
         return self._spec.sandbox_id
 
     @property
+    def root_pid(self) -> int:
+        """A host pid whose /proc/<pid>/root is the sandbox's root (its pid 1)."""
+        return self.child_pid
+
+    @property
     def _own_pids(self) -> set[int]:
         own = {self._proc.pid, self.child_pid}
         return own if self._usernet is None else {*own, self._usernet.pid}

@@ -2,9 +2,12 @@
 
 A sandbox path maps to a host directory that plays "/" for it ("the top"):
 /workspace/..., /home/user/... and /tmp/... go to `root/workspace`, `root/home` and
-`root/tmp` (`PERSISTENT_MOUNTS`), read-write; any other absolute path goes to `image_root`
-(the base rootfs), read-only, and is not found without one. A relative path, `~` and
-`~/...` are relative to /home/user. `..` is collapsed lexically first, as envd does.
+`root/tmp` (`PERSISTENT_MOUNTS`), read-write, without the sandbox being live (the fast
+path). Any other absolute path goes through the live sandbox's own root (`LiveRoot`:
+/proc/<its init>/root, which shows its writable overlay root and every mount in it) as the
+request's user; without a live root it goes to `image_root` (a base rootfs), read-only,
+and is not found without one. A relative path, `~` and `~/...` are relative to
+/home/user. `..` is collapsed lexically first, as envd does.
 
 Invariants:
 - Every host path is opened by openat2(2) from an fd of the top with RESOLVE_IN_ROOT and
@@ -15,9 +18,12 @@ Invariants:
   act on a link itself, as envd does. Trees are removed fd-relative (`shutil.rmtree` with
   `dir_fd`), which never follows a symlink.
 - A symlink whose target lies in another mapped directory (e.g. /workspace/x -> /tmp/y)
-  resolves inside its own top (to /workspace/tmp/y): confinement wins over fidelity.
-- New files and directories get the uid/gid of their top (the sandbox's host uid while it
-  is resident, root between sandboxes) and modes 0644/0755; existing ones keep theirs.
+  resolves inside its own top (to /workspace/tmp/y): confinement wins over fidelity. Under
+  the live root a symlink resolves as in the sandbox (its mounts included).
+- On the persistent directories new files and directories get the uid/gid of their top
+  and modes 0644/0755; existing ones keep theirs. Under the live root the I/O runs with
+  the thread's filesystem identity set to the user's host ids (`fsids.acting_as`): the
+  kernel checks access as that user, and what it creates is that user's.
 - A write larger than `max_write_bytes` is refused before anything is created.
 
 Every method blocks on file I/O: async callers run it in a thread.
@@ -32,7 +38,7 @@ import posixpath
 import re
 import shutil
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +49,10 @@ from connectrpc.code import Code
 from tenon.errors import TenonError
 from tenon.sandbox.base import HOME_DIR, PERSISTENT_MOUNTS
 from tenon.service.errors import ServiceError
+from tenon.service.fsids import acting_as
 from tenon.service.inroot import closing_fd as _closing
 from tenon.service.inroot import openat2
+from tenon.service.liveroot import LiveRoot
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -53,7 +61,6 @@ CHUNK_BYTES = 64 * 1024
 # fds: deeper levels are not descended into; more entries fail the listing.
 MAX_LIST_DEPTH = 128
 MAX_LIST_ENTRIES = 100_000
-
 
 
 class FilesError(ServiceError, TenonError, OSError):
@@ -91,6 +98,13 @@ class IsADirectory(FilesError, IsADirectoryError):
 
 
 class ReadOnly(FilesError, PermissionError):
+    http_status = 403
+    connect_code = Code.PERMISSION_DENIED
+
+
+class PermissionDenied(FilesError, PermissionError):
+    """The request's user may not do this (as envd: 403, PERMISSION_DENIED)."""
+
     http_status = 403
     connect_code = Code.PERMISSION_DENIED
 
@@ -148,11 +162,16 @@ class Entry:
 class FilesResolver(Protocol):
     """Finds the files of a sandbox by id. Unknown ids raise
     `tenon.service.errors.SandboxNotFound` on entry. `writing` holds off teardown and
-    rebuild for its duration and keeps the sandbox's recorded digest right afterwards."""
+    rebuild for its duration and keeps the sandbox's recorded digest right afterwards.
+    When one of `paths` lies outside the persistent directories (`is_persistent`), the
+    sandbox is made live (rebuilt if torn down) and held so for the duration, and those
+    paths are reached through its root as `user` (None: the default user)."""
 
-    def reading(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxFiles]: ...
+    def reading(self, sandbox_id: str, paths: Sequence[str] = (), user: str | None = None,
+                ) -> AbstractAsyncContextManager[SandboxFiles]: ...
 
-    def writing(self, sandbox_id: str) -> AbstractAsyncContextManager[SandboxFiles]: ...
+    def writing(self, sandbox_id: str, paths: Sequence[str] = (), user: str | None = None,
+                ) -> AbstractAsyncContextManager[SandboxFiles]: ...
 
 
 def go_mode_string(st_mode: int) -> str:
@@ -171,13 +190,24 @@ def go_mode_string(st_mode: int) -> str:
     return (letters or "-") + rwx
 
 
+def is_persistent(path: str) -> bool:
+    """Whether `path` lies in a persistent directory (the fast path: no live sandbox
+    needed); True for a path `normalize` refuses (it fails before any top is used)."""
+    try:
+        norm = normalize(path)
+    except InvalidPath:
+        return True  # refused before any top is needed
+    return any(norm == m or norm.startswith(m + "/") for m in PERSISTENT_MOUNTS.values())
+
+
 @dataclass(frozen=True)
 class _Location:
     path: str  # normalized absolute sandbox path
     mount: str  # the sandbox directory the top appears at ("/" for the image)
-    top: Path | None  # host directory playing "/"; None: nothing there
+    top: Path | None  # host directory playing "/"; None: nothing there (or `live`)
     rel: str  # path below the top, "" for the top itself
     writable: bool
+    live: bool = False  # under the live root: the top is `LiveRoot.top_fd`
 
     def sandbox_path(self, rel: str) -> str:
         return posixpath.join(self.mount, rel) if rel else self.mount
@@ -201,6 +231,8 @@ def _fs_error(err: OSError, path: str) -> FilesError:
         return NotADirectory(f"a component of '{path}' is not a directory", path)
     if code == errno.EISDIR:
         return IsADirectory(f"path '{path}' is a directory", path)
+    if code in (errno.EACCES, errno.EPERM):
+        return PermissionDenied(f"permission denied on '{path}'", path)
     if code == errno.EROFS:
         return ReadOnly(f"path '{path}' is on a read-only filesystem", path)
     if code in (errno.ENOSPC, errno.EDQUOT):
@@ -226,9 +258,11 @@ def normalize(path: str) -> str:
 class SandboxFiles:
     """The files of one sandbox, seen from the host (see the module docstring)."""
 
-    def __init__(self, root: Path, *, image_root: Path | None, max_write_bytes: int) -> None:
+    def __init__(self, root: Path, *, image_root: Path | None, max_write_bytes: int,
+                 live: LiveRoot | None = None) -> None:
         self._root = root
         self._image_root = image_root
+        self._live = live
         self.max_write_bytes = max_write_bytes
 
     # -- paths ---------------------------------------------------------------------------
@@ -240,10 +274,19 @@ class SandboxFiles:
             if norm == mount or norm.startswith(mount + "/"):
                 return _Location(norm, mount, self._root / sub,
                                  norm[len(mount):].lstrip("/"), True)
+        if self._live is not None:
+            return _Location(norm, "/", None, norm.lstrip("/"), True, live=True)
         return _Location(norm, "/", self._image_root, norm.lstrip("/"), False)
 
     @contextmanager
     def _top(self, loc: _Location) -> Iterator[int]:
+        """An fd of the top; under the live root, the thread acts as the request's user
+        while it is held."""
+        if loc.live and self._live is not None:
+            uid, gid, groups = self._live.host_ids()
+            with acting_as(uid, gid, groups):
+                yield self._live.top_fd
+            return
         if loc.top is None:
             raise NotFound(f"path '{loc.path}' does not exist", loc.path)
         try:
@@ -332,21 +375,22 @@ class SandboxFiles:
     @contextmanager
     def open_read(self, path: str) -> Iterator[IO[bytes]]:
         """The regular file at `path` (symlinks followed inside the top), open for reading;
-        a fifo or device is refused without blocking."""
+        a fifo or device is refused without blocking. Only the open acts as the request's
+        user: the file may be read, and the block left, from any thread."""
         loc = self.locate(path)
         with self._top(loc) as top:
             try:
                 fd = openat2(top, loc.rel, os.O_RDONLY | os.O_NONBLOCK)
             except OSError as err:
                 raise _fs_error(err, loc.path) from err
-            try:
-                _check_regular(fd, loc.path)
-                os.set_blocking(fd, True)
-            except BaseException:
-                os.close(fd)
-                raise
-            with os.fdopen(fd, "rb") as f:
-                yield f
+        try:
+            _check_regular(fd, loc.path)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as f:
+            yield f
 
     def read(self, path: str) -> bytes:
         with self.open_read(path) as f:
@@ -375,7 +419,7 @@ class SandboxFiles:
         if not loc.rel:
             raise IsADirectory(f"path '{loc.path}' is a directory", loc.path)
         with self._top(loc) as top:
-            owner = os.fstat(top)
+            owner = None if loc.live else os.fstat(top)
             os.close(self._ensure_dirs(top, loc, loc.parent_rel, owner))
             with _closing(self._create_file(top, loc, owner)) as fd:
                 try:
@@ -390,9 +434,10 @@ class SandboxFiles:
                     raise _fs_error(err, loc.path) from err
                 if metadata:
                     _store_metadata(fd, metadata, loc.path)
-            return self.stat(loc.path)
+        return self.stat(loc.path)
 
-    def _create_file(self, top: int, loc: _Location, owner: os.stat_result) -> int:
+    def _create_file(self, top: int, loc: _Location, owner: os.stat_result | None) -> int:
+        """`owner`: whose a new file becomes (None: the thread's filesystem identity's)."""
         base = os.O_WRONLY | os.O_NONBLOCK
         created = True
         try:
@@ -410,8 +455,9 @@ class SandboxFiles:
             _check_regular(fd, loc.path)
             os.set_blocking(fd, True)
             os.ftruncate(fd, 0)
-            if created:
+            if created and owner is not None:
                 os.fchown(fd, owner.st_uid, owner.st_gid)
+            if created:
                 os.fchmod(fd, FILE_MODE)
         except BaseException as exc:
             os.close(fd)
@@ -420,9 +466,11 @@ class SandboxFiles:
             raise
         return fd
 
-    def _ensure_dirs(self, top: int, loc: _Location, rel: str, owner: os.stat_result) -> int:
-        """An O_PATH fd of the directory `rel`, creating each missing component (0755, the
-        top's owner); symlinks among existing components are followed inside the top."""
+    def _ensure_dirs(self, top: int, loc: _Location, rel: str,
+                     owner: os.stat_result | None) -> int:
+        """An O_PATH fd of the directory `rel`, creating each missing component (0755,
+        `owner`'s, None: the thread's filesystem identity's); symlinks among existing
+        components are followed inside the top."""
         done = ""
         fd = os.dup(top)
         try:
@@ -445,14 +493,15 @@ class SandboxFiles:
         return fd
 
     @staticmethod
-    def _adopt_dir(parent: int, name: str, owner: os.stat_result) -> None:
+    def _adopt_dir(parent: int, name: str, owner: os.stat_result | None) -> None:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                          dir_fd=parent)
         except OSError:
             return  # swapped for something else already: not ours to chown
         with _closing(fd):
-            os.fchown(fd, owner.st_uid, owner.st_gid)
+            if owner is not None:
+                os.fchown(fd, owner.st_uid, owner.st_gid)
             os.fchmod(fd, DIR_MODE)
 
     def make_dir(self, path: str) -> Entry:
@@ -469,7 +518,7 @@ class SandboxFiles:
             raise NotADirectory(f"path '{loc.path}' exists but is not a directory", loc.path)
         loc = self._writable(path)
         with self._top(loc) as top:
-            os.close(self._ensure_dirs(top, loc, loc.rel, os.fstat(top)))
+            os.close(self._ensure_dirs(top, loc, loc.rel, None if loc.live else os.fstat(top)))
         return self.stat(loc.path)
 
     def remove(self, path: str) -> None:
@@ -504,8 +553,8 @@ class SandboxFiles:
                 os.stat(src.name, dir_fd=sp, follow_symlinks=False)
             except OSError as err:
                 raise _fs_error(err, src.path) from err
-            with _closing(self._ensure_dirs(dst_top, dst, dst.parent_rel,
-                                            os.fstat(dst_top))) as dp:
+            owner = None if dst.live else os.fstat(dst_top)
+            with _closing(self._ensure_dirs(dst_top, dst, dst.parent_rel, owner)) as dp:
                 try:
                     os.rename(src.name, dst.name, src_dir_fd=sp, dst_dir_fd=dp)
                 except OSError as err:
@@ -536,12 +585,16 @@ class SandboxFiles:
                 kind, mode = _entry_type(target_st.st_mode), target_st.st_mode & 0o777
             except OSError:
                 kind, mode, target = EntryType.OTHER, 0, shown
-        top_uid = os.fstat(top).st_uid
+        if loc.live and self._live is not None:
+            owner, group = self._live.name_of(st.st_uid), self._live.name_of(st.st_gid)
+        else:
+            top_uid = os.fstat(top).st_uid
+            owner = _user_name(st.st_uid, top_uid, loc.writable)
+            group = _user_name(st.st_gid, top_uid, loc.writable)
         shown = _printable(shown)
         return Entry(name=posixpath.basename(shown) or "/", path=shown, type=kind,
                      size=st.st_size, mode=mode, permissions=go_mode_string(st.st_mode),
-                     owner=_user_name(st.st_uid, top_uid, loc.writable),
-                     group=_user_name(st.st_gid, top_uid, loc.writable),
+                     owner=owner, group=group,
                      modified_ns=st.st_mtime_ns,
                      symlink_target=None if target is None else _printable(target),
                      metadata={} if stat.S_ISLNK(st.st_mode) else _read_metadata(where))

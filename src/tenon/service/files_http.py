@@ -14,7 +14,8 @@ that the request fails with 413 before the file is touched), and only then writt
 
 Errors answer envd's JSON body `{"code": status, "message": ...}` with the status the SDK
 maps to its exception (404: FileNotFoundException, 400: InvalidArgumentException, 507:
-NotEnoughSpaceException). `username` is accepted and not used; `X-Metadata-*` headers are
+NotEnoughSpaceException). `?username=` (what the SDK sends) is who a path outside the
+persistent directories is read or written as (`SandboxFiles`); `X-Metadata-*` headers are
 stored as the file's `user.e2b.*` extended attributes; Range requests get the whole file.
 """
 
@@ -108,7 +109,8 @@ class _FilesHandler:
             return _error(400, "missing path query parameter")
         stack = AsyncExitStack()
         try:
-            files = await stack.enter_async_context(self._resolver.reading(sid))
+            files = await stack.enter_async_context(
+                self._resolver.reading(sid, [path], _user(request)))
             opened = files.open_read(path)
             f = await asyncio.to_thread(opened.__enter__)
             stack.push(opened.__exit__)
@@ -150,7 +152,7 @@ class _FilesHandler:
                 raise TooLarge(f"writing {length} bytes to '{path}' is over the limit of "
                                f"{self._max_write_bytes} bytes", path)
             with await self._spool(body, path) as spool:
-                written.append(await self._write(sid, path, spool, metadata))
+                written.append(await self._write(sid, path, spool, metadata, _user(request)))
         elif media_type.startswith("multipart/"):
             boundary = boundary_of(content_type)
             async for name, filename, data in iter_parts(body, boundary):
@@ -165,7 +167,8 @@ class _FilesHandler:
                     raise BadUpload(f"you cannot upload multiple files to the same path "
                                     f"'{normalize(target)}' in one upload request")
                 with await self._spool(data, target) as spool:
-                    written.append(await self._write(sid, target, spool, metadata))
+                    written.append(await self._write(sid, target, spool, metadata,
+                                                     _user(request)))
         else:
             raise BadUpload(f"unsupported content type: {content_type}, expected "
                             "multipart/form-data or application/octet-stream")
@@ -198,13 +201,17 @@ class _FilesHandler:
         return spool
 
     async def _write(self, sid: str, path: str, data: IO[bytes],
-                     metadata: dict[str, str]) -> dict[str, Any]:
-        async with self._resolver.writing(sid) as files:
+                     metadata: dict[str, str], user: str | None) -> dict[str, Any]:
+        async with self._resolver.writing(sid, [path], user) as files:
             entry = await asyncio.to_thread(files.write, path, data, metadata)
         answer: dict[str, Any] = {"name": entry.name, "type": "file", "path": entry.path}
         if entry.metadata:
             answer["metadata"] = dict(entry.metadata)
         return answer
+
+
+def _user(request: Request) -> str | None:
+    return request.query_params.get("username") or None
 
 
 # -- download helpers --------------------------------------------------------------------

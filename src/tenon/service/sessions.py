@@ -15,21 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tenon.errors import NotBusy, SandboxError, TenonError
+from tenon.errors import NotBusy, RecoveryError, SandboxError, TenonError
 from tenon.runtime.controller import Agent, Runtime
 from tenon.runtime.results import Outcome, WorkflowFailed
 from tenon.sandbox.base import ExecIO
 from tenon.sandbox.netpolicy import NetworkPolicy
 from tenon.service.commands import Command, CommandTable, Ended, ended_from
 from tenon.service.errors import BadRequest, SandboxNotFound, SandboxUnavailable, Unauthorized
-from tenon.service.files import SandboxFiles
+from tenon.service.files import SandboxFiles, is_persistent
+from tenon.service.liveroot import open_live_root
 from tenon.service.store import SandboxRecord, SandboxStore
 
 logger = logging.getLogger(__name__)
@@ -360,10 +362,19 @@ class SessionManager:
             return _ended_of_action(action.outcome, action.exit_code, action.output)
 
     @contextlib.asynccontextmanager
-    async def files(self, sandbox_id: str, *, write: bool) -> AsyncIterator[SandboxFiles]:
+    async def files(self, sandbox_id: str, *, write: bool, paths: Sequence[str] = (),
+                    user: str | None = None) -> AsyncIterator[SandboxFiles]:
+        """The sandbox's files for one request on `paths` (`FilesResolver`): through its
+        live root (rebuilt first if torn down) as `user` when a path lies outside the
+        persistent directories, else the persistent root alone (held off teardown and
+        rebuild when writing)."""
         session = self.sessions.get(sandbox_id)
         if session is None:
             raise SandboxNotFound(f"sandbox {sandbox_id} was not found")
+        if not all(is_persistent(path) for path in paths):
+            async with self._live_files(session, user) as files:
+                yield files
+            return
         image = self.image_of(session.record.template)
         image_root = self._image_root(image) if self._image_root is not None else None
         workspaces = self.runtime.workspaces
@@ -378,17 +389,42 @@ class SessionManager:
                                max_write_bytes=self._max_write_bytes)
 
 
+    @contextlib.asynccontextmanager
+    async def _live_files(self, session: Session, user: str | None,
+                          ) -> AsyncIterator[SandboxFiles]:
+        sandbox_id = session.sandbox_id
+        if session.agent is None:
+            raise SandboxUnavailable(session.unavailable or f"{sandbox_id} is lost")
+        try:
+            async with self.runtime.live_sandbox(sandbox_id) as sandbox:
+                live = await asyncio.to_thread(open_live_root, sandbox, user)
+                try:
+                    root = await asyncio.to_thread(self.runtime.workspaces.attach, sandbox_id)
+                    image = self.image_of(session.record.template)
+                    image_root = (None if live is not None or self._image_root is None
+                                  else self._image_root(image))
+                    yield SandboxFiles(root, image_root=image_root, live=live,
+                                       max_write_bytes=self._max_write_bytes)
+                finally:
+                    if live is not None:
+                        os.close(live.top_fd)
+        except (WorkflowFailed, RecoveryError) as exc:
+            raise SandboxUnavailable(f"sandbox {sandbox_id}: {exc}") from exc
+
+
 class FilesResolverAdapter:
     """The files services' resolver (reading/writing by sandbox id) over the sessions."""
 
     def __init__(self, sessions: SessionManager) -> None:
         self._sessions = sessions
 
-    def reading(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[SandboxFiles]:
-        return self._sessions.files(sandbox_id, write=False)
+    def reading(self, sandbox_id: str, paths: Sequence[str] = (), user: str | None = None,
+                ) -> contextlib.AbstractAsyncContextManager[SandboxFiles]:
+        return self._sessions.files(sandbox_id, write=False, paths=paths, user=user)
 
-    def writing(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[SandboxFiles]:
-        return self._sessions.files(sandbox_id, write=True)
+    def writing(self, sandbox_id: str, paths: Sequence[str] = (), user: str | None = None,
+                ) -> contextlib.AbstractAsyncContextManager[SandboxFiles]:
+        return self._sessions.files(sandbox_id, write=True, paths=paths, user=user)
 
 
 def shell_words(command: Command) -> str:
