@@ -48,7 +48,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     if not _docker_problem:
         from tenon.errors import BackendUnavailable
-        from tenon.sandbox.docker import connect
+        from tenon.sandbox.dockerd import connect
 
         try:
             connect(timeout_s=5).close()

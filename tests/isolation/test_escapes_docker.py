@@ -83,7 +83,8 @@ def sandbox_network_restored() -> Iterator[None]:
     """Removes the sandboxes' Docker network afterwards if these tests made it."""
     import docker.errors
 
-    from tenon.sandbox.docker import SANDBOX_NETWORK, connect
+    from tenon.sandbox.docker import SANDBOX_NETWORK
+    from tenon.sandbox.dockerd import connect
 
     client = connect(timeout_s=30)
     existed = bool(client.networks.list(names=[SANDBOX_NETWORK]))

@@ -28,7 +28,7 @@ STATE_DIR = Path("/var/lib/tenon")
 @pytest.fixture(scope="session")
 def docker_client():
     from tenon.errors import BackendUnavailable
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.dockerd import connect
 
     if os.geteuid() != 0:
         pytest.skip("docker backend tests need root (cgroup domain)")

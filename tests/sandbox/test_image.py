@@ -137,7 +137,7 @@ def test_docker_gets_the_builtin_with_its_content_id():
 
 @pytest.mark.docker
 def test_reloading_moves_the_tag_and_drops_the_old_image_unless_a_container_uses_it(tmp_path):
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.dockerd import connect
 
     store = ImageStore(tmp_path / "images")
     name = f"tenon-imagetest-{uuid.uuid4().hex[:8]}:t"

@@ -44,7 +44,7 @@ def test_dockerfile_bases_skip_scratch_stages_and_arguments():
 @pytest.fixture(scope="module")
 def docker_client():
     docker = pytest.importorskip("docker")
-    from tenon.sandbox.docker import connect
+    from tenon.sandbox.dockerd import connect
 
     if os.geteuid() != 0:
         pytest.skip("extracting images with their owners needs root")

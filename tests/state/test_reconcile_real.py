@@ -100,7 +100,8 @@ async def test_start_removes_leftovers_and_restores_committed_agents(tmp_path: P
 @pytest.mark.slow
 def test_leftover_containers_of_the_domain_are_removed(tmp_path: Path) -> None:
     _need_root()
-    from tenon.sandbox.docker import DOMAIN_LABEL, SANDBOX_LABEL, DockerBackend, connect
+    from tenon.sandbox.docker import DOMAIN_LABEL, SANDBOX_LABEL, DockerBackend
+    from tenon.sandbox.dockerd import connect
 
     name = f"tenon-rt-{uuid.uuid4().hex[:8]}"
     client = connect()

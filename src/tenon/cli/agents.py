@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tenon.cli.console import make_console
 from tenon.cli.errors import one_line
 from tenon.errors import TenonError
 from tenon.state.recovery import RecoveryRecord, RecoveryStore
@@ -93,7 +94,7 @@ def agents_list(ctx: typer.Context, state_dir: StateDirOption = DEFAULT_STATE_DI
     """List every agent with its residency state, last committed boundary and block reason."""
     if ctx.invoked_subcommand is not None:
         return
-    console = Console()  # sized by the terminal (or COLUMNS) of this invocation
+    console = make_console()  # sized by the terminal (or COLUMNS) of this invocation
     path = state_dir / RECOVERY_DB
     running = is_locked(state_dir) if state_dir.is_dir() else False
     pid = holder_pid(state_dir) if running else None
@@ -133,7 +134,7 @@ def agents_unblock(agent_id: AgentId, state_dir: StateDirOption = DEFAULT_STATE_
     again; otherwise (its sandbox was lost with live state, or the root changed) the root as
     it is now is captured and committed: what was lost outside it stays lost.
     """
-    console = Console()
+    console = make_console()
     with _exclusive(state_dir):
         store = _store(state_dir)
         try:
@@ -167,7 +168,7 @@ def agents_unblock(agent_id: AgentId, state_dir: StateDirOption = DEFAULT_STATE_
 @agents_app.command("discard")
 def agents_discard(agent_id: AgentId, state_dir: StateDirOption = DEFAULT_STATE_DIR) -> None:
     """Destroy the agent's leftover sandboxes, delete its record and its workspace."""
-    console = Console()
+    console = make_console()
     with _exclusive(state_dir):
         store = _store(state_dir)
         try:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tenon.cli.console import make_console
 from tenon.cli.errors import (
     describe_validation,
     fail,
@@ -276,7 +277,7 @@ def actuators_cmd(
     idle CPU cost of the loaded scheduler (needs root and cgroup v2; sched_ext for scx)."""
     from tenon.replay.actuator_bench import run, table
 
-    console = Console()
+    console = make_console()
     if trials < 1:
         fail(ConfigError(f"--trials must be at least 1, got {trials}"))
     if json_path is not None:
@@ -310,7 +311,7 @@ def faults_cmd(
     is left on the host."""
     from tenon.replay.faults import FaultConfig, compact_summary, run_campaign
 
-    console = Console()
+    console = make_console()
     try:
         out_dir = out or Path("bench/runs") / time.strftime("faults-%Y%m%d-%H%M%S")
         config = FaultConfig(trace=trace, budget_bytes=parse_size(budget, what="--budget"),
@@ -382,6 +383,6 @@ def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path,
             domain.remove()
             if backend is not None:
                 backend.release_domain()
-    Console(width=120).print(table(result))
+    make_console().print(table(result))
     if out is not None:
         write_text(out, json.dumps(result, indent=2) + "\n", what="--out")

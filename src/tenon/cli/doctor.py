@@ -80,7 +80,8 @@ def _isolation_checks() -> list[Check]:
 
 
 def _docker_checks(image: str) -> list[Check]:
-    from tenon.sandbox.docker import connect, engine_problems
+    from tenon.sandbox.docker import engine_problems
+    from tenon.sandbox.dockerd import connect
 
     try:
         client = connect(timeout_s=5)

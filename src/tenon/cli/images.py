@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tenon.cli.console import make_console
 from tenon.cli.errors import fail, require_writable_dir
 from tenon.errors import TenonError
 from tenon.units import format_bytes
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 image_app = typer.Typer(no_args_is_help=True,
                         help="Build, import, list and remove the images sandboxes run on.")
-console = Console()
+console = make_console()
 
 ImageDir = Annotated[Path | None, typer.Option(
     help="The image store (default: $TENON_IMAGE_DIR, else /var/lib/tenon/images).")]

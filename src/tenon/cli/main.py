@@ -13,13 +13,13 @@ from typing import Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
 from tenon.cli.agents import agents_app
 from tenon.cli.bench import actuators_cmd, faults_cmd
 from tenon.cli.cluster import cluster_app
+from tenon.cli.console import make_console
 from tenon.cli.errors import fail, require_writable_dir, require_writable_file, write_text
 from tenon.cli.images import image_app
 from tenon.cli.predict import predict_app
@@ -41,7 +41,7 @@ bench_app.command("faults")(faults_cmd)
 bench_app.command("actuators")(actuators_cmd)
 app.command("serve")(serve_cmd)
 
-console = Console()
+console = make_console()
 DEFAULT_STATE_DIR = Path("/var/lib/tenon")
 DEFAULT_IMAGE = "tenon-base:bookworm"
 

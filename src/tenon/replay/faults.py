@@ -264,7 +264,8 @@ def leftovers(config: FaultConfig) -> dict[str, Any]:
     name = (config.run_dir / DOMAIN_FILE).read_text().strip()
     containers: int | None = None
     try:
-        from tenon.sandbox.docker import DOMAIN_LABEL, connect
+        from tenon.sandbox.docker import DOMAIN_LABEL
+        from tenon.sandbox.dockerd import connect
 
         client = connect(timeout_s=5.0)
         containers = len(client.containers.list(
