@@ -76,8 +76,7 @@ def test_metadata_reaches_the_predictor(server: ServerHandle) -> None:
 
 def test_bad_requests(server: ServerHandle) -> None:
     with _sdk_env(server):
-        scenarios.bad_requests(server.url, server.api_key, backend=server.backend,
-                               max_file_bytes=MAX_FILE_BYTES)
+        scenarios.bad_requests(server.url, server.api_key, max_file_bytes=MAX_FILE_BYTES)
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "crash"])
