@@ -20,6 +20,15 @@ exits 128 without the ~/.gitconfig identity), pip-user (step 2: `import tenonpro
 test_random_operations_are_identical_resident_and_torn_down failed on its explicit
 examples (a /tmp or ~ file written, then read or listed after a teardown) and, in two of
 three runs without them, on a generated sequence. The hole was never committed.
+
+How the writable-root runs (apt-root, pip-root, etc-root, testbed) were checked: in a git
+worktree, the launcher's overlay took its upper and work directories from a tmpfs of the
+sandbox's own instead of the persistent root's `upper/` and `work/` (built to another path
+through the copy's `launcher.LAUNCHER`), and `docker_root.mount_root` likewise mounted a
+tmpfs per sandbox for them; `pytest tests/contract -k "apt-root or pip-root or etc-root or
+testbed"` with PYTHONPATH at the copy's src failed all 8 (4 runs x 2 backends), each on the
+first step after a teardown: `tenon-hello` not found (exit 127), `import tenonprobe` failing,
+the /etc/hosts line, user and whiteouts gone, /testbed missing.
 """
 
 from __future__ import annotations
