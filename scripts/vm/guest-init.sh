@@ -29,6 +29,17 @@ if [ -n "$cache" ] && [ -d "$modules/$(uname -r)" ]; then
   mkdir -p /lib/modules && mount --bind "$modules" /lib/modules
   modprobe loop && modprobe ext4 || echo "guest: cannot load loop or ext4"
 fi
+# /var/lib/tenon: the disk run.sh made (ext4, with the image store); TMPDIR on it too, so
+# the tests' own directories allow the idmapped mounts sandboxes need
+modprobe virtio_blk 2>/dev/null || true
+for _ in $(seq 50); do [ -b /dev/vda ] && break; sleep 0.1; done
+mkdir -p /var/lib/tenon
+if [ -b /dev/vda ] && mount -t ext4 /dev/vda /var/lib/tenon; then
+  mkdir -p /var/lib/tenon/tmp && chmod 1777 /var/lib/tenon/tmp
+  export TMPDIR=/var/lib/tenon/tmp
+else
+  echo "guest: no disk for /var/lib/tenon; sandboxes will not start"
+fi
 hostname tenon-vm
 ip link set lo up 2>/dev/null || true
 mkdir -p /mnt/io

@@ -26,6 +26,26 @@ rm -f "$io/rc"
 printf '%q ' "$@" >"$io/command"
 echo >>"$io/command"
 
+# The guest's /var/lib/tenon is a disk of its own, made for this run: ext4, where the process
+# backend's idmapped mounts work (the 9p root and its overlay do not allow them), holding a copy
+# of the image store (/var/lib/tenon/images) and room for the tests' state and TMPDIR.
+disk="$io/tenon-state.img" mnt="$io/tenon-state.mnt"
+images=/var/lib/tenon/images
+used_mib=0
+[ -d "$images" ] && used_mib="$(du -sm "$images" | cut -f1)"
+rm -f "$disk"
+truncate -s "$((used_mib + 6144))M" "$disk"
+mkfs.ext4 -q -F -O ^has_journal "$disk"
+mkdir -p "$mnt"
+mount -o loop "$disk" "$mnt"
+trap 'umount "$mnt" 2>/dev/null; rmdir "$mnt" 2>/dev/null; rm -f "$disk"' EXIT
+if [ -d "$images" ]; then
+  echo "[vm run] copying the image store ($used_mib MiB) to the guest's disk" >&2
+  cp -a "$images" "$mnt/images"
+fi
+umount "$mnt"
+rmdir "$mnt"
+
 # KVM where the host offers one that works: a guest kernel with no root must boot under it to
 # its panic (QEMU then exits 0 for -no-reboot); a KVM that cannot run this guest aborts at once.
 # TCG runs the guest's CPUs in one host thread: the kernel patches its own text (static keys
@@ -51,6 +71,7 @@ timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -M q35 -cpu "$cpu" -acce
   -append "console=ttyS0 panic=-1 tsc_early_khz=$khz tsc=reliable quiet loglevel=3 tenon.repo=$repo tenon.ci=${CI:-} tenon.cache=$cache" \
   -virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
   -virtfs "local,path=$io,mount_tag=io,security_model=passthrough" \
+  -drive "file=$disk,format=raw,if=virtio,cache=unsafe" \
   -device virtio-rng-pci </dev/null
 qrc=$?
 set -e

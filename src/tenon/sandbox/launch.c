@@ -405,12 +405,15 @@ static int start(const struct start_args *a) {
     if (userns < 0) die(1, "%s", path);
     int fds[2] = {idmapped(a->rootfs, userns, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV),
                   idmapped(a->persist, userns, MOUNT_ATTR_NODEV)};
+    /* Before the child gets its mounts: it prints the ready line only after building its
+     * root from them, so the controller, which reads this once it saw that line, finds it
+     * there however the two are scheduled. */
+    dprintf(a->info_fd, "{\"child-pid\": %d}\n", pid);
+    close(a->info_fd);
     send_fds(sv[0], fds);
     close(fds[0]);
     close(fds[1]);
     close(userns);
-    dprintf(a->info_fd, "{\"child-pid\": %d}\n", pid);
-    close(a->info_fd);
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) die(1, "waitpid");
