@@ -38,7 +38,7 @@ truncate -s "$((used_mib + 6144))M" "$disk"
 mkfs.ext4 -q -F -O ^has_journal "$disk"
 mkdir -p "$mnt"
 mount -o loop "$disk" "$mnt"
-trap 'umount "$mnt" 2>/dev/null; rmdir "$mnt" 2>/dev/null; rm -f "$disk"' EXIT
+trap 'umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true; rm -f "$disk"' EXIT
 if [ -d "$images" ]; then
   echo "[vm run] copying the image store ($used_mib MiB) to the guest's disk" >&2
   cp -a "$images" "$mnt/images"
