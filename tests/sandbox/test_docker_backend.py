@@ -69,14 +69,19 @@ def make_spec(workspace: Path, **overrides) -> SandboxSpec:
 
 @pytest.fixture
 def env(docker_client, base_image, tmp_path):
-    """(backend, workspace) in a fresh domain; teardown leaves no container or cgroup."""
+    """(backend, workspace) in a fresh domain; teardown leaves no container, cgroup or
+    mounted root (also when a test failed before destroying its sandbox)."""
     from tenon.sandbox.docker import DockerBackend
 
     domain = make_domain(budget_bytes=2048 * MIB)
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    yield DockerBackend(domain, client=docker_client), workspace
+    backend = DockerBackend(domain, client=docker_client)
+    yield backend, workspace
+    backend.remove_leftovers()
     teardown_domain(docker_client, domain)
+    roots = backend.roots_dir
+    assert not roots.exists() or not any(os.path.ismount(p) for p in roots.iterdir())
 
 
 def teardown_domain(client, domain) -> None:
