@@ -20,21 +20,19 @@ untouched entry give equal headers and a comparison is one string equality.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 from tenon.errors import HostError
+from tenon.host import helpers
 
 SOURCE = Path(__file__).with_name("treewalk.c")
-HELPER = Path("/usr/local/lib/tenon/tenon-treewalk")
+HELPER = helpers.HELPER_DIR / "tenon-treewalk"
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _KINDS = {stat.S_IFREG: "f", stat.S_IFDIR: "d", stat.S_IFLNK: "l", stat.S_IFCHR: "c",
           stat.S_IFBLK: "b", stat.S_IFIFO: "p", stat.S_IFSOCK: "s"}
@@ -69,24 +67,10 @@ class Header(NamedTuple):
                    (int(major), int(minor)), opaque == "1")
 
 
-@functools.cache  # the source does not change under a running controller
-def _source_digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
-
-
-def _stamp(helper: Path) -> Path:
-    return helper.with_name(helper.name + ".sha256")
-
-
 @functools.cache
 def helper_usable(helper: Path = HELPER) -> bool:
     """Whether `helper` is installed and built from this source."""
-    if not os.access(helper, os.X_OK):
-        return False
-    try:
-        return _stamp(helper).read_text().strip() == _source_digest()
-    except OSError:
-        return False
+    return helpers.staleness(helper, (SOURCE,)) is None
 
 
 def walk(root: Path, skip: Iterable[str] = (), *, helper: Path | None = HELPER) -> Walk:
@@ -153,21 +137,19 @@ def _walk_dir(full: str, rel: str, out: Walk, skip: set[str]) -> None:
 
 def build(helper: Path = HELPER) -> Path:
     """Compile the static helper and install it (atomically) with its source's digest."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
+    compiler = helpers.compiler()
     if compiler is None:
         raise HostError("gcc is missing; run: apt-get install gcc")
-    helper.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=helper.parent) as tmp:
-        built = Path(tmp) / helper.name
+
+    def compile_into(built: Path) -> None:
         result = subprocess.run([compiler, "-O2", "-Wall", "-static", "-o", str(built),
                                  str(SOURCE)], capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise HostError(f"building {helper.name} failed: {result.stderr.strip()}")
-        built.chmod(0o755)
-        os.replace(built, helper)
-    _stamp(helper).write_text(_source_digest() + "\n")
+
+    installed = helpers.install(helper, (SOURCE,), compile_into)
     helper_usable.cache_clear()
-    return helper
+    return installed
 
 
 def main(argv: list[str]) -> int:

@@ -12,46 +12,24 @@ rebuilt:
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tenon.errors import BackendUnavailable
+from tenon.host import helpers
 from tenon.sandbox import seccomp
 
 SOURCE = Path(__file__).with_name("launch.c")
-LAUNCHER = seccomp.HELPER_DIR / "tenon-launch"
+SOURCES = (SOURCE, seccomp.SOURCE)
+LAUNCHER = helpers.HELPER_DIR / "tenon-launch"
 _BUILD_FIX = "run: python -m tenon.sandbox.launcher build (needs gcc and libseccomp-dev)"
-
-
-@functools.cache  # the sources do not change under a running controller
-def source_digest() -> str:
-    digest = hashlib.sha256()
-    for source in (SOURCE, seccomp.SOURCE):
-        digest.update(source.read_bytes())
-    return digest.hexdigest()
-
-
-def _stamp(binary: Path) -> Path:
-    return binary.with_name(binary.name + ".sha256")
 
 
 def check(binary: Path = LAUNCHER) -> list[str]:
     """Problems with the installed launcher: missing, or built from other sources."""
-    if not os.access(binary, os.X_OK):
-        return [f"the sandbox launcher {binary} is missing; {_BUILD_FIX}"]
-    try:
-        built_from = _stamp(binary).read_text().strip()
-    except FileNotFoundError:
-        built_from = ""
-    if built_from != source_digest():
-        return [f"the sandbox launcher {binary} was built from other sources; {_BUILD_FIX}"]
-    return []
+    wrong = helpers.staleness(binary, SOURCES)
+    return [] if wrong is None else [f"the sandbox launcher {binary} {wrong}; {_BUILD_FIX}"]
 
 
 def require(binary: Path = LAUNCHER) -> None:
@@ -62,24 +40,20 @@ def require(binary: Path = LAUNCHER) -> None:
 def build(binary: Path = LAUNCHER) -> Path:
     """Generate the seccomp filter, compile the static launcher with it, and install it
     (atomically) with the digest of its sources."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
+    compiler = helpers.compiler()
     if compiler is None:
         raise BackendUnavailable("gcc is missing; run: apt-get install gcc libseccomp-dev")
-    binary.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=binary.parent) as tmp:
-        work = Path(tmp)
-        seccomp.write_bpf_header(compiler, work)
-        built = work / binary.name
-        result = subprocess.run([compiler, "-O2", "-Wall", "-Werror", "-static", f"-I{work}",
-                                 "-o", str(built), str(SOURCE)],
+
+    def compile_into(built: Path) -> None:
+        seccomp.write_bpf_header(compiler, built.parent)
+        result = subprocess.run([compiler, "-O2", "-Wall", "-Werror", "-static",
+                                 f"-I{built.parent}", "-o", str(built), str(SOURCE)],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise BackendUnavailable(f"building the sandbox launcher failed: "
                                      f"{result.stderr.strip()}")
-        built.chmod(0o755)
-        os.replace(built, binary)
-    _stamp(binary).write_text(source_digest() + "\n")
-    return binary
+
+    return helpers.install(binary, SOURCES, compile_into)
 
 
 def main(argv: list[str]) -> int:

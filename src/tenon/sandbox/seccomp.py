@@ -11,19 +11,15 @@ each sandbox at `SANDBOX_HELPER`.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tenon.errors import BackendUnavailable
+from tenon.host import helpers
 
 SOURCE = Path(__file__).with_name("seccomp_exec.c")
-HELPER_DIR = Path("/usr/local/lib/tenon")
+HELPER_DIR = helpers.HELPER_DIR
 HELPER_NAME = "seccomp-exec"
 HELPER = HELPER_DIR / HELPER_NAME
 SANDBOX_HELPER_DIR = "/usr/lib/tenon"  # where sandboxes see HELPER_DIR (read-only)
@@ -31,26 +27,10 @@ SANDBOX_HELPER = f"{SANDBOX_HELPER_DIR}/{HELPER_NAME}"
 _BUILD_FIX = "run: python -m tenon.sandbox.seccomp build (needs gcc and libseccomp-dev)"
 
 
-@functools.cache  # the source does not change under a running controller
-def _source_digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
-
-
-def _stamp(helper: Path) -> Path:
-    return helper.with_name(helper.name + ".sha256")
-
-
 def check(helper: Path = HELPER) -> list[str]:
     """Problems with the installed helper: missing, or built from another source."""
-    if not os.access(helper, os.X_OK):
-        return [f"the seccomp helper {helper} is missing; {_BUILD_FIX}"]
-    try:
-        built_from = _stamp(helper).read_text().strip()
-    except FileNotFoundError:
-        built_from = ""
-    if built_from != _source_digest():
-        return [f"the seccomp helper {helper} was built from another source; {_BUILD_FIX}"]
-    return []
+    wrong = helpers.staleness(helper, (SOURCE,))
+    return [] if wrong is None else [f"the seccomp helper {helper} {wrong}; {_BUILD_FIX}"]
 
 
 def require(helper: Path = HELPER) -> None:
@@ -84,19 +64,15 @@ def write_bpf_header(compiler: str, work: Path) -> Path:
 def build(helper: Path = HELPER) -> Path:
     """Generate the filter, compile it into the static helper, and install the helper
     (atomically) with the digest of its source."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
+    compiler = helpers.compiler()
     if compiler is None:
         raise BackendUnavailable("gcc is missing; run: apt-get install gcc libseccomp-dev")
-    helper.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=helper.parent) as tmp:
-        work = Path(tmp)
-        write_bpf_header(compiler, work)
-        built = work / helper.name
-        _compile(compiler, built, "-static", f"-I{work}")
-        built.chmod(0o755)
-        os.replace(built, helper)
-    _stamp(helper).write_text(_source_digest() + "\n")
-    return helper
+
+    def compile_into(built: Path) -> None:
+        write_bpf_header(compiler, built.parent)
+        _compile(compiler, built, "-static", f"-I{built.parent}")
+
+    return helpers.install(helper, (SOURCE,), compile_into)
 
 
 def main(argv: list[str]) -> int:
