@@ -8,9 +8,12 @@ import functools
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from tenon.errors import TenonError
 
 HELPER_DIR = Path("/usr/local/lib/tenon")
 
@@ -57,3 +60,17 @@ def install(binary: Path, sources: Sequence[Path], compile_into: Callable[[Path]
         os.replace(built, binary)
     _stamp(binary).write_text(sources_digest(tuple(sources)) + "\n")
     return binary
+
+
+def build_command(argv: list[str], module: str, build: Callable[[], Path]) -> int:
+    """`python -m MODULE build`: build and install a helper, print its path; a failure is
+    one line and exit 1 (TenonError), bad usage exit 2."""
+    if argv != ["build"]:
+        print(f"usage: python -m {module} build", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except TenonError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

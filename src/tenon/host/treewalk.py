@@ -153,15 +153,7 @@ def build(helper: Path = HELPER) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if argv != ["build"]:
-        print("usage: python -m tenon.host.treewalk build", file=sys.stderr)
-        return 2
-    try:
-        print(build())
-    except HostError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return helpers.build_command(argv, "tenon.host.treewalk", build)
 
 
 if __name__ == "__main__":

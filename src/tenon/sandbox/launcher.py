@@ -57,15 +57,7 @@ def build(binary: Path = LAUNCHER) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if argv != ["build"]:
-        print("usage: python -m tenon.sandbox.launcher build", file=sys.stderr)
-        return 2
-    try:
-        print(build())
-    except BackendUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return helpers.build_command(argv, "tenon.sandbox.launcher", build)
 
 
 if __name__ == "__main__":
