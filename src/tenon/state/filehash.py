@@ -25,6 +25,7 @@ import hashlib
 import os
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tenon.errors import WorkspaceError
@@ -98,27 +99,11 @@ def block_digest(path: str, budget: HashBudget | None = None) -> tuple[str, int]
     try:
         size = os.fstat(fd).st_size
         runs = _Runs()
-        offset = fed = 0
-        while offset < size:
-            try:
-                offset = os.lseek(fd, offset, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
-                    raise
-                break
-            end = min(os.lseek(fd, offset, os.SEEK_HOLE), size)
-            # Extents start block-aligned; align anyway so zero blocks are judged alike
-            # (never back into bytes already fed, on a filesystem of smaller blocks).
-            offset = max(offset - offset % BLOCK_BYTES, fed)
-            while offset < end:
-                chunk = os.pread(fd, min(_CHUNK_BYTES, end - offset), offset)
-                if not chunk:
-                    raise OSError(errno.EIO, f"{path} ended early at byte {offset}")
-                if budget is not None:
-                    budget.spend(len(chunk))
-                runs.feed(offset, chunk)
-                offset += len(chunk)
-            fed = offset
+        # Extents start block-aligned; align anyway so zero blocks are judged alike.
+        for offset, chunk in data_chunks(fd, path, size, align_bytes=BLOCK_BYTES):
+            if budget is not None:
+                budget.spend(len(chunk))
+            runs.feed(offset, chunk)
         runs.close()
         runs.hash.update(_RUN.pack(size, 0) + _TAG)
     finally:
@@ -126,6 +111,31 @@ def block_digest(path: str, budget: HashBudget | None = None) -> tuple[str, int]
     if budget is not None:
         budget.num_files += 1
     return runs.hash.hexdigest(), size
+
+
+def data_chunks(fd: int, path: str | os.PathLike[str], size: int, *,
+                align_bytes: int = 1) -> Iterator[tuple[int, bytes]]:
+    """The first `size` bytes of the open file `fd` as (offset, bytes) chunks of its data
+    extents only (holes are skipped, never read), each extent's start aligned down to
+    `align_bytes` but never back into bytes already given (on a filesystem of smaller
+    blocks). `path` names the file in errors."""
+    offset = given = 0
+    while offset < size:
+        try:
+            offset = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
+                raise
+            return
+        end = min(os.lseek(fd, offset, os.SEEK_HOLE), size)
+        offset = max(offset - offset % align_bytes, given)
+        while offset < end:
+            chunk = os.pread(fd, min(_CHUNK_BYTES, end - offset), offset)
+            if not chunk:
+                raise OSError(errno.EIO, f"{path} ended early at byte {offset}")
+            yield offset, chunk
+            offset += len(chunk)
+        given = offset
 
 
 def plain_sha256(path: str, budget: HashBudget | None = None) -> tuple[str, int]:

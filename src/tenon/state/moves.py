@@ -9,8 +9,7 @@ import stat
 from pathlib import Path
 
 from tenon.state.capture import fsync_path, scan
-
-_CHUNK_BYTES = 1024 * 1024
+from tenon.state.filehash import data_chunks
 
 
 def move_file(src: Path, dst: Path) -> None:
@@ -38,20 +37,10 @@ def copy_sparse(src: Path, dst: Path) -> None:
         fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             size = os.fstat(fd_in).st_size
-            offset = 0
-            while offset < size:
-                try:
-                    offset = os.lseek(fd_in, offset, os.SEEK_DATA)
-                except OSError as exc:
-                    if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
-                        raise
-                    break
-                end = os.lseek(fd_in, offset, os.SEEK_HOLE)
-                while offset < end:
-                    chunk = os.pread(fd_in, min(_CHUNK_BYTES, end - offset), offset)
-                    if not chunk:
-                        raise OSError(errno.EIO, f"{src} ended early at byte {offset}")
-                    offset += os.pwrite(fd_out, chunk, offset)
+            for offset, chunk in data_chunks(fd_in, src, size):
+                written = 0
+                while written < len(chunk):
+                    written += os.pwrite(fd_out, chunk[written:], offset + written)
             os.ftruncate(fd_out, size)
             os.fsync(fd_out)
         finally:
