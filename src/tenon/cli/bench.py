@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -37,6 +37,9 @@ from tenon.replay.report import draw, table_markdown
 from tenon.replay.schedule import makespan_bound_s
 from tenon.replay.trace import MAX_SUBMIT_S, load_trace
 from tenon.units import parse_size
+
+if TYPE_CHECKING:
+    from tenon.sandbox.base import SandboxBackend
 
 SWEEPABLE = ("qps", "red_fraction", "yellow_fraction", "admission_window_bytes",
              "lifecycle_limit")
@@ -346,16 +349,34 @@ def faults_cmd(
         raise typer.Exit(1)
 
 
+@contextlib.contextmanager
+def bench_backend(name: str, state_dir: Path) -> Iterator[SandboxBackend]:
+    """A real backend `name` over a workload domain of its own, for a lifecycle benchmark;
+    TenonError when the host cannot run it. The domain goes afterwards."""
+    import uuid
+
+    from tenon.host.domain import WorkloadDomain
+    from tenon.sandbox.registry import make_backend
+
+    domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
+    backend = None
+    try:
+        backend = make_backend(name, domain, state_dir)
+        if problems := backend.check():
+            raise TenonError("; ".join(problems))
+        yield backend
+    finally:
+        domain.remove()
+        if backend is not None:
+            backend.release_domain()
+
+
 def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path,
                       backend_name: str = "process") -> None:
     """`tenon bench lifecycle --files N,N,...`: teardown and rebuild costs per tree size
     (`replay.capture_bench`), with a real sandbox of `backend_name` destroyed and rebuilt in
     each cycle ("none": the workspace's part alone); a table, and JSON written to `out`."""
-    import uuid
-
-    from tenon.host.domain import WorkloadDomain
     from tenon.replay.capture_bench import bench_capture, table
-    from tenon.sandbox.registry import make_backend
 
     try:
         sizes = [int(v) for v in files.split(",") if v.strip()]
@@ -370,19 +391,11 @@ def capture_lifecycle(files: str, runs: int, out: Path | None, state_dir: Path,
     if backend_name == "none":
         result = bench_capture(sizes, runs, state_dir)
     else:
-        domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
-        backend = None
         try:
-            backend = make_backend(backend_name, domain, state_dir)
-            if problems := backend.check():
-                raise TenonError("; ".join(problems))
-            result = bench_capture(sizes, runs, state_dir, backend)
+            with bench_backend(backend_name, state_dir) as backend:
+                result = bench_capture(sizes, runs, state_dir, backend)
         except TenonError as exc:
             fail(exc)
-        finally:
-            domain.remove()
-            if backend is not None:
-                backend.release_domain()
     make_console().print(table(result))
     if out is not None:
         write_text(out, json.dumps(result, indent=2) + "\n", what="--out")

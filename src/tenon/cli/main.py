@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -25,7 +24,6 @@ from tenon.cli.images import image_app
 from tenon.cli.predict import predict_app
 from tenon.cli.serve import serve_cmd
 from tenon.errors import ConfigError, TenonError
-from tenon.sandbox.base import SandboxBackend
 from tenon.units import MIB, format_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -207,9 +205,8 @@ def bench_lifecycle_cmd(
 
         capture_lifecycle(files, runs, out, state_dir, backend)
         return
-    from tenon.host.domain import WorkloadDomain
+    from tenon.cli.bench import bench_backend
     from tenon.replay.lifecycle import bench_lifecycle
-    from tenon.sandbox.registry import make_backend
 
     try:
         if runs < 1:
@@ -217,16 +214,8 @@ def bench_lifecycle_cmd(
         if json_path is not None:
             require_writable_file(json_path, what="--json")
         require_writable_dir(state_dir, what="--state-dir")
-        impl_domain = WorkloadDomain.open(f"tenon-bench-{uuid.uuid4().hex[:8]}")
-    except TenonError as exc:
-        _fail(exc)
-    impl: SandboxBackend | None = None
-    try:
-        impl = make_backend(backend, impl_domain, state_dir)
-        problems = impl.check()
-        if problems:
-            raise TenonError("; ".join(problems))
-        result = asyncio.run(bench_lifecycle(impl, image=image, num_runs=runs))
+        with bench_backend(backend, state_dir) as impl:
+            result = asyncio.run(bench_lifecycle(impl, image=image, num_runs=runs))
         if backend == "docker":
             import docker
 
@@ -237,10 +226,6 @@ def bench_lifecycle_cmd(
             result["bare_rm_ms"] = round(bare["bare_rm_ms"], 2)
     except TenonError as exc:
         _fail(exc)
-    finally:
-        impl_domain.remove()
-        if impl is not None:
-            impl.release_domain()
     if backend == "docker":
         ratio = result["materialize_ms"] / result["bare_run_ms"]
         console.print(f"materialize / bare docker run = {ratio:.3f} (target <= 1.25)")
