@@ -154,7 +154,9 @@ def own_remapped_root(root: Path, base: int) -> None:
     """The persistent root for a remapped container: the root itself container root's
     (0700), `upper/` made as container root's, `work/` host root's, and anything in the
     persistent directories whose owner is outside the container's range the default
-    user's (lchown: never follow a symlink out)."""
+    user's (lchown: never follow a symlink out). Only a directory itself out of the range
+    (new, or last owned by something else) is walked: everything a container writes is in
+    the range, so a rebuild does not stat the tree."""
     if not root.is_dir():
         raise WorkspaceError(f"workspace {root} is not a directory")
     os.lchown(root, base, base)
@@ -169,6 +171,8 @@ def own_remapped_root(root: Path, base: int) -> None:
         directory = root / sub
         directory.mkdir(mode=0o700, exist_ok=True)
         directory.chmod(0o700)
+        if base <= directory.lstat().st_uid < base + CONTAINER_IDS:
+            continue
         for top, dirs, files in os.walk(directory):
             names = (top,) if top == str(directory) else ()
             for name in (*names, *(os.path.join(top, n) for n in (*dirs, *files))):
